@@ -1,0 +1,41 @@
+# kloop: `make help` lists the targets. Everything runs from the project's .venv when it exists, else from the
+# machine's python3 with this checkout on PYTHONPATH (the H200 image, which has torch and triton but no registry).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
+export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
+
+SOLUTION ?= methods/main
+PANEL ?= visible
+JSON ?=
+
+.PHONY: help setup test test-gpu selfcheck guard policy
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+setup: ## create .venv with everything (a CPU torch where no GPU is present)
+	python3 -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --upgrade pip
+	if nvidia-smi -L >/dev/null 2>&1; then \
+		$(VENV)/bin/python -m pip install -q torch; \
+	else \
+		$(VENV)/bin/python -m pip install -q torch==2.13.0 triton==3.6.0; \
+	fi
+	$(VENV)/bin/python -m pip install -q -e '.[dev]'
+	@echo "setup done: $$($(VENV)/bin/python -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, "cuda", torch.cuda.is_available())')"
+
+test: ## CPU tests (Triton interpreter, smoke panel)
+	TRITON_INTERPRET=1 $(PY) -m pytest -q
+
+test-gpu: ## GPU tests (pytest mark gpu); run on a CUDA machine
+	$(PY) -m pytest -q -m gpu
+
+selfcheck: ## correctness, latency and speedup over v0: SOLUTION=methods/main PANEL=visible JSON=out.json
+	$(PY) -m evals.selfcheck --solution $(SOLUTION) --panel $(PANEL) $(if $(JSON),--json $(JSON))
+
+guard: ## the residency contract at its three checkpoints: SOLUTION=methods/main PANEL=visible
+	$(PY) -m evals.residency --solution $(SOLUTION) --panel $(PANEL) $(if $(JSON),--json $(JSON))
+
+policy: ## the source policy on a solution's files: SOLUTION=methods/main
+	$(PY) -m evals.policy $(SOLUTION)/*.py

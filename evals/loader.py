@@ -1,0 +1,56 @@
+"""Load a solution directory (``solution.py`` plus optional helper modules) as a fresh, private package."""
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import sys
+from pathlib import Path
+from types import ModuleType
+
+_counter = itertools.count()
+
+
+def resolve_solution_dir(path: str | Path) -> Path:
+    """The directory holding ``solution.py``; accepts the directory or the file itself."""
+    path = Path(path)
+    if path.is_file() and path.name == "solution.py":
+        path = path.parent
+    if not (path / "solution.py").is_file():
+        raise FileNotFoundError(f"no solution.py in {path}; pass a directory such as methods/main or methods/versions/v0")
+    return path.resolve()
+
+
+def load_solution(path: str | Path) -> ModuleType:
+    """Import ``solution.py`` of ``path`` under a unique package name, so helpers load with ``from . import x``
+    or ``import x`` and two solutions (candidate and baseline) never share module state."""
+    directory = resolve_solution_dir(path)
+    package_name = f"_kloop_solution_{next(_counter)}"
+    package_spec = importlib.util.spec_from_loader(package_name, loader=None, is_package=True)
+    package = importlib.util.module_from_spec(package_spec)
+    package.__path__ = [str(directory)]
+    sys.modules[package_name] = package
+    spec = importlib.util.spec_from_file_location(f"{package_name}.solution", directory / "solution.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    sys.path.insert(0, str(directory))  # bare `import helper` of a sibling file
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        unload_solution(module)
+        raise
+    finally:
+        sys.path.remove(str(directory))
+    if not callable(getattr(module, "build", None)):
+        unload_solution(module)
+        raise AttributeError(f"{directory / 'solution.py'} defines no callable build(qweight, scales, bias, epilogue)")
+    return module
+
+
+def unload_solution(module: ModuleType) -> None:
+    """Drop the solution's package and its helper modules from ``sys.modules``."""
+    package = module.__name__.rpartition(".")[0]
+    directory = str(Path(module.__file__).parent)
+    for name in list(sys.modules):
+        loaded = sys.modules[name]
+        if name == package or name.startswith(package + ".") or str(getattr(loaded, "__file__", "") or "").startswith(directory + "/"):
+            del sys.modules[name]

@@ -1,0 +1,194 @@
+"""The visible evaluator: correctness (normal and adversarial), median latency, GB/s and speedup over v0.
+
+    python -m evals.selfcheck [--solution DIR] [--panel visible|smoke|FILE] [--baseline DIR] [--json OUT]
+
+Never raises for a bad candidate: a failure at any stage becomes the case's ``error`` field (stage, name, message).
+Exit status 0 only when every case is correct. Without CUDA it runs CPU tensors under the Triton interpreter and
+says that its timings are not GPU timings.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from evals import kernel_harness as kh
+from evals.loader import load_solution, resolve_solution_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+V0_DIR = ROOT / "methods" / "versions" / "v0"
+
+
+@dataclass
+class TimingPlan:
+    groups: int
+    calls_per_group: int
+    warmup: int
+    distinct_inputs: int
+
+    @classmethod
+    def for_device(cls, interpreted: bool) -> "TimingPlan":
+        return cls(3, 1, 1, 2) if interpreted else cls(11, 256, 256, 16)
+
+
+@dataclass
+class CaseResult:
+    case: dict
+    correct: bool = False
+    checks: dict = field(default_factory=dict)
+    error: dict | None = None
+    bytes: int = 0
+    median_us: float | None = None
+    times_us: list[float] = field(default_factory=list)
+    gbps: float | None = None
+    roofline_fraction: float | None = None
+    baseline_median_us: float | None = None
+    speedup: float | None = None
+
+
+def error_record(stage: str, exc: BaseException) -> dict:
+    return {"stage": stage, "name": type(exc).__name__, "message": str(exc)[:2000],
+            "traceback": "".join(traceback.format_exception(exc))[-4000:]}
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def summarize(results: list[CaseResult]) -> dict:
+    """Geometric mean of speedups per stratum, harmonic mean across strata (None unless every case is correct)."""
+    strata: dict[str, list[float]] = {}
+    for result in results:
+        strata.setdefault(result.case["stratum"], []).append(result.speedup if result.correct else None)
+    per_stratum = {name: (geomean(v) if None not in v else None) for name, v in strata.items()}
+    valid = all(r.correct for r in results) and None not in per_stratum.values()
+    score = len(per_stratum) / sum(1 / v for v in per_stratum.values()) if valid and per_stratum else None
+    return {"strata": per_stratum, "score": score, "all_correct": all(r.correct for r in results)}
+
+
+def _check_mode(module, case, mode: str, device) -> tuple[dict, object]:
+    tensors = kh.generate(case, mode, device)
+    fn = module.build(tensors.qweight, tensors.scales, tensors.bias, case.epilogue)
+    out = fn(tensors.x, tensors.residual)
+    kh.synchronize(device)
+    ref = kh.reference(tensors.x, tensors.qweight, tensors.scales, tensors.bias, tensors.residual, case.epilogue)
+    return kh.check_output(out, ref, (case.m, case.n)).to_dict(), (fn if mode == "normal" else None)
+
+
+def evaluate_case(module, baseline, case, device, plan: TimingPlan, copy_gbps: float | None) -> CaseResult:
+    result = CaseResult(case=kh.case_dict(case), bytes=case.bytes_moved())
+    stage = "correctness"
+    try:
+        fn = None
+        for mode in kh.MODES:
+            stage = f"correctness ({mode})"
+            result.checks[mode], built = _check_mode(module, case, mode, device)
+            fn = built or fn
+        result.correct = all(check["ok"] for check in result.checks.values())
+        if not result.correct:
+            return result
+        stage = "timing"
+        weights = kh.generate(case, "normal", device)
+        base_fn = baseline.build(weights.qweight, weights.scales, weights.bias, case.epilogue)
+        inputs = kh.make_inputs(case, plan.distinct_inputs, seed=1, device=device)
+        cand_times, base_times = [], []
+        for _ in range(plan.groups):  # alternate groups so that drift hits both alike
+            cand_times += kh.time_groups(fn, inputs, 1, plan.calls_per_group, plan.warmup if not cand_times else 0)
+            base_times += kh.time_groups(base_fn, inputs, 1, plan.calls_per_group, plan.warmup if not base_times else 0)
+        result.times_us = cand_times
+        result.median_us = sorted(cand_times)[len(cand_times) // 2]
+        result.baseline_median_us = sorted(base_times)[len(base_times) // 2]
+        result.speedup = result.baseline_median_us / result.median_us
+        result.gbps = result.bytes / result.median_us / 1e3
+        if copy_gbps:
+            result.roofline_fraction = result.gbps / copy_gbps
+    except Exception as exc:  # a bad candidate is a result, never a crash of the evaluator
+        result.correct = False
+        result.error = error_record(stage, exc)
+    return result
+
+
+def run(solution: Path, panel: str, baseline_dir: Path = V0_DIR, log=print) -> dict:
+    info = kh.select_device()  # before any solution imports triton
+    log(info.message)
+
+    cases = kh.load_panel(panel)
+    plan = TimingPlan.for_device(info.interpreted)
+    report = {"solution": str(solution), "baseline": str(baseline_dir), "panel": str(panel), "device": info.name,
+              "interpreted": info.interpreted, "timing": asdict(plan),
+              "timing_note": "interpreter wall time, not GPU timing" if info.interpreted else "CUDA events, median of groups",
+              "copy_gbps": kh.copy_bandwidth_gbps(info.device), "cases": []}
+    baseline = load_solution(baseline_dir)
+    try:
+        module = load_solution(solution)
+    except Exception as exc:
+        failure = error_record("load", exc)
+        results = [CaseResult(case=kh.case_dict(case), bytes=case.bytes_moved(), error=failure) for case in cases]
+    else:
+        results = []
+        log(HEADER)
+        for case in cases:
+            results.append(evaluate_case(module, baseline, case, info.device, plan, report["copy_gbps"]))
+            log(format_row(results[-1]))
+    report["cases"] = [asdict(r) for r in results]
+    report.update(summarize(results))
+    return report
+
+
+HEADER = f"{'case':<26} {'stratum':<12} {'normal':>7} {'advers':>7} {'median_us':>10} {'GB/s':>8} {'%copy':>6} {'v0_us':>9} {'speedup':>8}"
+
+
+def format_row(r: CaseResult) -> str:
+    def ok(mode: str) -> str:
+        check = r.checks.get(mode)
+        return "-" if check is None else ("ok" if check["ok"] else "FAIL")
+
+    def num(value, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    line = (f"{r.case['name']:<26} {r.case['stratum']:<12} {ok('normal'):>7} {ok('adversarial'):>7} "
+            f"{num(r.median_us, '.2f'):>10} {num(r.gbps, '.1f'):>8} {num(r.roofline_fraction and 100 * r.roofline_fraction, '.1f'):>6} "
+            f"{num(r.baseline_median_us, '.2f'):>9} {num(r.speedup, '.3f'):>8}")
+    if r.error:
+        line += f"\n    error in {r.error['stage']}: {r.error['name']}: {r.error['message'].splitlines()[0] if r.error['message'] else ''}"
+    for mode, check in r.checks.items():
+        if not check["ok"]:
+            line += f"\n    {mode}: {check['message']}"
+    return line
+
+
+def print_summary(report: dict) -> None:
+    strata = ", ".join(f"{name} {'-' if v is None else f'{v:.3f}'}" for name, v in report["strata"].items())
+    score = "-" if report["score"] is None else f"{report['score']:.3f}"
+    bw = "" if report["copy_gbps"] is None else f"; copy bandwidth {report['copy_gbps']:.0f} GB/s"
+    print(f"speedup over v0 by stratum (geomean): {strata}; score (harmonic mean): {score}{bw}")
+    if report["interpreted"]:
+        print("note: " + report["timing_note"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m evals.selfcheck", description=__doc__.split("\n")[0])
+    parser.add_argument("--solution", default=str(ROOT / "methods" / "main"), help="solution directory (default methods/main)")
+    parser.add_argument("--panel", default="visible", help="visible, smoke or a panel JSON file (default visible)")
+    parser.add_argument("--baseline", default=str(V0_DIR), help="the yardstick solution (default methods/versions/v0)")
+    parser.add_argument("--json", help="write the full report here")
+    args = parser.parse_args(argv)
+    try:
+        resolve_solution_dir(args.solution)
+        report = run(Path(args.solution), args.panel, Path(args.baseline), log=lambda line: print(line, flush=True))
+    except (FileNotFoundError, ValueError) as exc:  # bad panel or baseline path: the user's input, not the candidate's
+        print(f"selfcheck: {exc}", file=sys.stderr)
+        return 2
+    print_summary(report)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0 if report["all_correct"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Shared fixtures. Without CUDA, kernels run under the Triton interpreter, which must be chosen before triton loads."""
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+REDTEAM = Path(__file__).resolve().parent / "redteam"
+sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture
+def device() -> torch.device:
+    from evals.kernel_harness import select_device
+
+    return select_device().device
+
+
+@pytest.fixture
+def redteam_solution(tmp_path):
+    """Materialize tests/redteam/<name>.py as a solution directory (solution.py beside its core.py helper)."""
+
+    def make(name: str) -> Path:
+        directory = tmp_path / name
+        directory.mkdir()
+        shutil.copy(REDTEAM / f"{name}.py", directory / "solution.py")
+        shutil.copy(REDTEAM / "core.py", directory / "core.py")
+        return directory
+
+    return make
+
+
+@pytest.fixture
+def panel_file(tmp_path):
+    """Write a panel JSON of the given cases [(stratum, m, k, n, epilogue, seed), ...] and return its path."""
+    import json
+
+    def make(*cases) -> Path:
+        path = tmp_path / "panel.json"
+        keys = ("stratum", "m", "k", "n", "epilogue", "seed")
+        path.write_text(json.dumps({"cases": [dict(zip(keys, case)) for case in cases]}))
+        return path
+
+    return make

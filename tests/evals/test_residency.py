@@ -1,0 +1,60 @@
+"""The residency guard on CPU (accounting by enumeration), as a real subprocess over real solutions."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from evals.residency import MIB, Allowance, live_storages
+from tests.conftest import ROOT
+
+CASE = ("balanced", 19, 512, 256, "silu", 3)
+
+
+def guard(solution, panel, tmp_path, calls=8):
+    out = tmp_path / "residency.json"
+    run = subprocess.run([sys.executable, "-m", "evals.residency", "--solution", str(solution), "--panel", str(panel),
+                          "--calls", str(calls), "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return run, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def test_allowance_follows_the_spec_formula():
+    a = Allowance.for_case(24, 8192, 28672)
+    assert a.total == 8192 * 28672 // 2 + 64 * 28672 * 2 + max(8 * MIB, 4 * 24 * 8192 + 8 * 24 * 28672)
+    assert a.floating == 2 * 24 * 8192 + 4 * 24 * 28672 + MIB
+    assert (a.byte_codes, a.half_floats) == (8192 * 28672, 2 * 8192 * 28672)
+
+
+@pytest.mark.parametrize("solution", ["v0", "honest_torch"])
+def test_honest_solutions_pass(solution, tmp_path, panel_file, redteam_solution):
+    directory = ROOT / "methods" / "versions" / "v0" if solution == "v0" else redteam_solution(solution)
+    run, report = guard(directory, panel_file(CASE), tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert [p["name"] for p in report["cases"][0]["checkpoints"]] == ["build", "first call", "8 calls"]
+
+
+@pytest.mark.parametrize("solution, rule, checkpoint", [
+    ("keep_dense_fp16", "unpacked-dense", "build"),
+    ("keep_int8_codes", "unpacked-int8", "build"),
+    ("oversized_fp32_buffer", "floating", "build"),
+    ("lazy_dense_weight", "unpacked-dense", "8 calls"),
+])
+def test_cheats_break_the_rule_meant_for_them(solution, rule, checkpoint, tmp_path, panel_file, redteam_solution):
+    run, report = guard(redteam_solution(solution), panel_file(CASE), tmp_path)
+    assert run.returncode == 1, run.stdout + run.stderr
+    points = {p["name"]: p for p in report["cases"][0]["checkpoints"]}
+    fired = {v["rule"] for v in points[checkpoint]["violations"]}
+    assert rule in fired, points[checkpoint]
+    assert f"violated {rule}" in run.stdout and "over)" in run.stdout
+    if solution == "lazy_dense_weight":
+        assert not points["build"]["violations"] and not points["first call"]["violations"]
+
+
+def test_a_storage_seen_through_any_float_view_counts_as_floating():
+    floats = torch.zeros(1024)
+    ints = floats.view(torch.int32)  # noqa: F841 (alive: the storage has an int view and a float view)
+    bare = torch.zeros(16).untyped_storage()
+    found = live_storages(torch.device("cpu"))
+    assert found[floats.data_ptr()].dtype == "float32" and found[floats.data_ptr()].nbytes == 4096
+    assert found[bare.data_ptr()].dtype == "untyped"
