@@ -10,6 +10,9 @@ from types import ModuleType
 _counter = itertools.count()
 
 
+COMPILED_SUFFIXES = (".so", ".pyd", ".pyc", ".pyo")
+
+
 def resolve_solution_dir(path: str | Path) -> Path:
     """The directory holding ``solution.py``; accepts the directory or the file itself."""
     path = Path(path)
@@ -20,10 +23,20 @@ def resolve_solution_dir(path: str | Path) -> Path:
     return path.resolve()
 
 
+def compiled_files(directory: Path) -> list[Path]:
+    """Extension modules and bytecode under a solution: Python would import them ahead of the checked sources."""
+    return sorted(p for p in directory.rglob("*") if p.suffix in COMPILED_SUFFIXES)
+
+
 def load_solution(path: str | Path) -> ModuleType:
     """Import ``solution.py`` of ``path`` under a unique package name, so helpers load with ``from . import x``
     or ``import x`` and two solutions (candidate and baseline) never share module state."""
     directory = resolve_solution_dir(path)
+    compiled = compiled_files(directory)
+    if compiled:
+        raise ImportError(f"{directory} holds compiled modules ({', '.join(p.name for p in compiled[:3])}); a solution is "
+                          "Python source only: remove them")
+    sys.dont_write_bytecode = True  # so that no later load can pick up bytecode instead of the checked source
     package_name = f"_kloop_solution_{next(_counter)}"
     package_spec = importlib.util.spec_from_loader(package_name, loader=None, is_package=True)
     package = importlib.util.module_from_spec(package_spec)

@@ -1,0 +1,267 @@
+"""Profiler feedback for a solution: where each case stands against the GPU's measured ceilings, and why.
+
+    python -m evals.profile --solution DIR [--panel visible|smoke|FILE] [--ncu] [--json OUT]
+
+Per case: median latency; the bytes the case must move and the achieved GB/s as a fraction of the measured copy
+bandwidth; FLOP and the fraction of the measured fp16 matmul rate; host time per call against GPU time per call
+(the launch-overhead share); the kernels one call launches with their grids against the SM count and their
+registers and shared memory (torch.profiler); each Triton kernel's registers and spills (Triton's compiled-kernel
+metadata); with --ncu, where Nsight Compute works, DRAM throughput and achieved occupancy of the main kernel. Then a
+bottleneck label with the evidence behind it. The two ceilings are measured once per device and cached in
+~/.cache/kloop/. Without a GPU it says so and reports the static numbers (bytes, FLOP).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from evals import kernel_harness as kh
+from evals.loader import load_solution, resolve_solution_dir, unload_solution
+
+CACHE = Path.home() / ".cache" / "kloop" / "device_rates.json"
+PROFILED_CALLS = 20
+NCU_METRICS = ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "sm__warps_active.avg.pct_of_peak_sustained_active")
+
+
+@dataclass
+class KernelLaunch:
+    name: str
+    calls_per_call: float  # launches of this kernel per solution call
+    gpu_us: float  # mean duration of one launch
+    grid: list[int]
+    block: list[int]
+    registers_per_thread: int | None = None
+    shared_memory_bytes: int | None = None
+
+
+@dataclass
+class CaseProfile:
+    case: dict
+    bytes: int
+    flop: int
+    median_us: float | None = None
+    gbps: float | None = None
+    copy_fraction: float | None = None
+    tflops: float | None = None
+    matmul_fraction: float | None = None
+    host_us_per_call: float | None = None
+    gpu_us_per_call: float | None = None
+    launch_overhead_share: float | None = None  # the part of the latency the GPU spends waiting for the host
+    kernels: list[KernelLaunch] = field(default_factory=list)
+    triton_kernels: list[dict] = field(default_factory=list)
+    ncu: dict | None = None
+    bottleneck: str = "unknown"
+    evidence: str = ""
+    error: dict | None = None
+
+
+def device_rates(device: torch.device) -> dict:
+    """Copy bandwidth (GB/s) and fp16 matmul rate (TFLOP/s), measured once per device and cached."""
+    key = f"{torch.cuda.get_device_name(device)} | torch {torch.__version__}"
+    cached = json.loads(CACHE.read_text()) if CACHE.is_file() else {}
+    if key not in cached:
+        a = torch.randn((8192, 8192), dtype=torch.float16, device=device)
+        times = kh.time_groups(lambda p, q: p @ q, [(a, a)], groups=5, calls_per_group=4, warmup=3)
+        cached[key] = {"copy_gbps": kh.copy_bandwidth_gbps(device),
+                       "matmul_tflops": 2 * 8192**3 / (sorted(times)[2] * 1e-6) / 1e12}
+        CACHE.parent.mkdir(parents=True, exist_ok=True)
+        CACHE.write_text(json.dumps(cached, indent=2))
+    return cached[key]
+
+
+def triton_kernels(module) -> list[dict]:
+    """Registers, spills and shared memory of every Triton kernel the solution's module compiled."""
+    found = []
+    for name, obj in vars(module).items():
+        while hasattr(obj, "fn") and not hasattr(obj, "device_caches"):  # autotune / heuristics wrappers
+            obj = obj.fn
+        for kernel_cache, *_ in getattr(obj, "device_caches", {}).values():
+            for compiled in kernel_cache.values():
+                meta = compiled.metadata
+                found.append({"kernel": name, "registers": getattr(compiled, "n_regs", None), "spills": getattr(compiled, "n_spills", None),
+                              "shared_memory_bytes": getattr(meta, "shared", None), "num_warps": getattr(meta, "num_warps", None),
+                              "num_stages": getattr(meta, "num_stages", None)})
+    return found
+
+
+def profile_kernels(fn, inputs, calls: int) -> list[KernelLaunch]:
+    """The kernels one call launches, from a torch.profiler trace of ``calls`` calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(calls):
+            fn(*inputs[i % len(inputs)])
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text()).get("traceEvents", [])
+    launches: dict[str, list[dict]] = {}
+    for event in events:
+        if event.get("cat") == "kernel":
+            launches.setdefault(event["name"], []).append(event)
+    result = []
+    for name, group in sorted(launches.items(), key=lambda item: -sum(e.get("dur", 0) for e in item[1])):
+        args = group[0].get("args", {})
+        result.append(KernelLaunch(name[:80], len(group) / calls, sum(e.get("dur", 0) for e in group) / len(group),
+                                   list(args.get("grid", [])), list(args.get("block", [])),
+                                   args.get("registers per thread"), args.get("shared memory")))
+    return result
+
+
+def host_time_per_call(fn, inputs, calls: int) -> float:
+    """Wall time to issue one call when the GPU never makes the host wait (fewer calls than the launch queue)."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for i in range(calls):
+        fn(*inputs[i % len(inputs)])
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed * 1e6 / calls
+
+
+def label(p: CaseProfile, sm_count: int) -> tuple[str, str]:
+    """The bottleneck and the numbers behind it, most decisive first."""
+    main = p.kernels[0] if p.kernels else None
+    programs = 1
+    for size in (main.grid if main else []):
+        programs *= size
+    share = p.launch_overhead_share or 0.0
+    if share > 0.5:
+        return "launch-bound", (f"host {p.host_us_per_call:.1f} us per call vs GPU {p.gpu_us_per_call:.1f} us: the GPU idles "
+                                f"{100 * share:.0f}% of the time; {sum(k.calls_per_call for k in p.kernels):.0f} kernel(s) per call")
+    if main and programs < sm_count:
+        return "under-filled grid", f"{main.name}: {programs} programs on {sm_count} SMs; {100 * (p.copy_fraction or 0):.1f}% of copy bandwidth"
+    if (p.matmul_fraction or 0) > (p.copy_fraction or 0):
+        return "compute-bound", f"{100 * p.matmul_fraction:.1f}% of the fp16 matmul rate vs {100 * (p.copy_fraction or 0):.1f}% of copy bandwidth"
+    return "memory-bound", (f"{100 * (p.copy_fraction or 0):.1f}% of copy bandwidth vs {100 * (p.matmul_fraction or 0):.2f}% of the "
+                            f"fp16 matmul rate; {programs} programs on {sm_count} SMs")
+
+
+def run_ncu(solution: Path, case: kh.Case) -> dict:
+    """DRAM throughput and achieved occupancy of the longest kernel, from Nsight Compute in a child process."""
+    if shutil.which("ncu") is None:
+        return {"available": False, "reason": "ncu is not on PATH"}
+    command = ["ncu", "--clock-control", "none", "--csv", "--metrics", ",".join(NCU_METRICS), "--launch-skip", "3",
+               "--launch-count", "1", sys.executable, "-m", "evals.profile", "--solution", str(solution), "--ncu-target",
+               json.dumps(asdict(case))]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    values = {}
+    for line in run.stdout.splitlines():
+        cells = [c.strip('"') for c in line.split('","')]
+        for metric in NCU_METRICS:
+            if metric in cells:
+                values[metric] = cells[-1].strip('"')
+    if not values:
+        return {"available": False, "reason": (run.stderr or run.stdout).strip().splitlines()[-1:] or "no metrics in ncu output"}
+    return {"available": True, "dram_throughput_pct": values.get(NCU_METRICS[0]), "achieved_occupancy_pct": values.get(NCU_METRICS[1])}
+
+
+def profile_case(solution: Path, case: kh.Case, device: torch.device, rates: dict | None, use_ncu: bool) -> CaseProfile:
+    from evals.selfcheck import error_record
+
+    p = CaseProfile(case=kh.case_dict(case), bytes=case.bytes_moved(), flop=2 * case.m * case.k * case.n)
+    if rates is None:
+        p.bottleneck, p.evidence = "unknown", "no GPU: latency, bandwidth and kernel data need CUDA"
+        return p
+    module = None
+    try:
+        module = load_solution(solution)
+        t = kh.generate(case, "normal", device)
+        fn = module.build(t.qweight, t.scales, t.bias, case.epilogue)
+        inputs = kh.make_inputs(case, 16, seed=4, device=device)
+        times = kh.time_groups(fn, inputs, groups=11, calls_per_group=256, warmup=256)
+        p.median_us = sorted(times)[5]
+        p.gbps = p.bytes / p.median_us / 1e3
+        p.copy_fraction = p.gbps / rates["copy_gbps"]
+        p.tflops = p.flop / p.median_us / 1e6
+        p.matmul_fraction = p.tflops / rates["matmul_tflops"]
+        p.host_us_per_call = host_time_per_call(fn, inputs, 200)
+        p.kernels = profile_kernels(fn, inputs, PROFILED_CALLS)
+        p.gpu_us_per_call = sum(k.gpu_us * k.calls_per_call for k in p.kernels)
+        p.launch_overhead_share = max(0.0, 1 - p.gpu_us_per_call / p.median_us)
+        p.triton_kernels = triton_kernels(module)
+        if use_ncu:
+            p.ncu = run_ncu(solution, case)
+        p.bottleneck, p.evidence = label(p, torch.cuda.get_device_properties(device).multi_processor_count)
+    except Exception as exc:
+        p.error = error_record("profile", exc)
+    finally:
+        if module is not None:
+            unload_solution(module)
+    return p
+
+
+def ncu_target(solution: Path, case_json: str) -> None:
+    """What ncu runs: a few calls of one case, nothing else on the GPU after the warm-up launches."""
+    case = kh.Case(**json.loads(case_json))
+    t = kh.generate(case, "normal", "cuda")
+    fn = load_solution(solution).build(t.qweight, t.scales, t.bias, case.epilogue)
+    for _ in range(5):
+        fn(t.x, t.residual)
+    torch.cuda.synchronize()
+
+
+def run(solution: Path, panel: str, use_ncu: bool = False, log=print) -> dict:
+    info = kh.select_device()
+    log(info.message)
+    rates = device_rates(info.device) if info.device.type == "cuda" else None
+    profiles = []
+    for case in kh.load_panel(panel):
+        profiles.append(profile_case(solution, case, info.device, rates, use_ncu))
+        log(format_row(profiles[-1]))
+    return {"solution": str(solution), "panel": str(panel), "device": info.name, "rates": rates, "cases": [asdict(p) for p in profiles]}
+
+
+def format_row(p: CaseProfile) -> str:
+    def num(value, fmt):
+        return "-" if value is None else format(value, fmt)
+
+    line = (f"{p.case['name']:<26} {num(p.median_us, '.2f'):>9} us {num(p.gbps, '.0f'):>6} GB/s "
+            f"{num(p.copy_fraction and 100 * p.copy_fraction, '.1f'):>5}% copy  host {num(p.host_us_per_call, '.1f'):>6} us  "
+            f"gpu {num(p.gpu_us_per_call, '.1f'):>7} us  {p.bottleneck}: {p.evidence}")
+    for k in p.kernels[:3]:
+        line += f"\n    {k.name[:50]:<50} x{k.calls_per_call:.0f} {k.gpu_us:8.2f} us grid {k.grid} block {k.block} regs {k.registers_per_thread}"
+    for t in p.triton_kernels:
+        line += f"\n    triton {t['kernel']}: {t['registers']} registers, {t['spills']} spills, {t['shared_memory_bytes']} B shared"
+    if p.ncu:
+        line += f"\n    ncu: {p.ncu}"
+    if p.error:
+        line += f"\n    error: {p.error['name']}: {p.error['message']}"
+    return line
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m evals.profile", description=__doc__.split("\n")[0])
+    parser.add_argument("--solution", default="methods/main", help="solution directory (default methods/main)")
+    parser.add_argument("--panel", default="visible", help="visible, smoke or a panel JSON file (default visible)")
+    parser.add_argument("--ncu", action="store_true", help="add Nsight Compute's DRAM throughput and occupancy (slow)")
+    parser.add_argument("--json", help="write the full report here")
+    parser.add_argument("--ncu-target", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    try:
+        solution = resolve_solution_dir(args.solution)
+        if args.ncu_target:
+            ncu_target(solution, args.ncu_target)
+            return 0
+        report = run(solution, args.panel, args.ncu, log=lambda line: print(line, flush=True))
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"profile: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 1 if any(c["error"] for c in report["cases"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
