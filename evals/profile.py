@@ -171,7 +171,8 @@ def profile_case(solution: Path, case: kh.Case, device: torch.device, rates: dic
 
     p = CaseProfile(case=kh.case_dict(case), bytes=case.bytes_moved(), flop=2 * case.m * case.k * case.n)
     if rates is None:
-        p.bottleneck, p.evidence = "unknown", "no GPU: latency, bandwidth and kernel data need CUDA"
+        p.bottleneck, p.evidence = "unknown", (f"no GPU: {p.bytes:,} bytes and {p.flop:,} FLOP per call; latency, "
+                                                "bandwidth and kernel data need CUDA")
         return p
     module = None
     try:

@@ -1,0 +1,63 @@
+"""The profiler summary: its bottleneck labels, and what it says without a GPU."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from evals import kernel_harness as kh
+from evals.profile import CaseProfile, KernelLaunch, label
+from tests.conftest import ROOT
+
+
+def profile(grid, **numbers):
+    case = kh.Case("balanced", 18, 8192, 8192, "silu", 1)
+    p = CaseProfile(case=kh.case_dict(case), bytes=case.bytes_moved(), flop=2 * 18 * 8192 * 8192, **numbers)
+    p.kernels = [KernelLaunch("w4a16_gemm_kernel", 1, p.gpu_us_per_call, grid, [128, 1, 1])]
+    return p
+
+
+@pytest.mark.parametrize("numbers, want", [
+    ({"host_us_per_call": 20, "gpu_us_per_call": 5, "median_us": 20, "launch_overhead_share": 0.75}, "launch-bound"),
+    ({"host_us_per_call": 8, "gpu_us_per_call": 60, "median_us": 60, "launch_overhead_share": 0.0, "copy_fraction": 0.1,
+      "grid": [16, 1, 1]}, "under-filled grid"),
+    ({"host_us_per_call": 8, "gpu_us_per_call": 60, "median_us": 60, "launch_overhead_share": 0.0, "copy_fraction": 0.4,
+      "matmul_fraction": 0.01}, "memory-bound"),
+    ({"host_us_per_call": 8, "gpu_us_per_call": 60, "median_us": 60, "launch_overhead_share": 0.0, "copy_fraction": 0.1,
+      "matmul_fraction": 0.6}, "compute-bound"),
+])
+def test_bottleneck_labels_follow_the_evidence(numbers, want):
+    p = profile(numbers.pop("grid", [1024, 1, 1]), **numbers)
+    name, evidence = label(p, sm_count=132)
+    assert name == want and evidence
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_without_a_gpu_it_says_so_and_reports_bytes_and_flop(tmp_path, panel_file):
+    out = tmp_path / "profile.json"
+    run = subprocess.run([sys.executable, "-m", "evals.profile", "--solution", "methods/versions/v0", "--panel",
+                          str(panel_file(("balanced", 18, 256, 256, "silu", 1))), "--json", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "no GPU" in run.stdout
+    case = json.loads(out.read_text())["cases"][0]
+    assert case["bytes"] == kh.Case("balanced", 18, 256, 256, "silu", 1).bytes_moved() and case["flop"] == 2 * 18 * 256 * 256
+    assert case["median_us"] is None and case["bottleneck"] == "unknown"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_v0_profile_on_the_gpu(tmp_path, panel_file):
+    out = tmp_path / "profile.json"
+    run = subprocess.run([sys.executable, "-m", "evals.profile", "--solution", "methods/versions/v0", "--panel",
+                          str(panel_file(("expert-batch", 18, 8192, 1024, "gelu_tanh", 1))), "--json", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(out.read_text())
+    case = report["cases"][0]
+    assert report["rates"]["copy_gbps"] > 1000 and report["rates"]["matmul_tflops"] > 100
+    assert case["median_us"] > 0 and 0 < case["copy_fraction"] < 1
+    assert case["kernels"] and case["kernels"][0]["calls_per_call"] == 1 and case["kernels"][0]["grid"]
+    assert case["triton_kernels"] and case["triton_kernels"][0]["registers"] > 0
+    assert case["bottleneck"] in {"launch-bound", "under-filled grid", "memory-bound", "compute-bound"}
