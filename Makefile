@@ -6,10 +6,11 @@ PY := $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
 SOLUTION ?= methods/main
+ITER ?= 20
 PANEL ?= visible
 JSON ?=
 
-.PHONY: help setup test test-gpu selfcheck guard policy
+.PHONY: help setup test test-gpu selfcheck guard policy profile bench agent-run agent-status clean-workspace report promote
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -39,3 +40,24 @@ guard: ## the residency contract at its three checkpoints: SOLUTION=methods/main
 
 policy: ## the source policy on a solution's files: SOLUTION=methods/main
 	$(PY) -m evals.policy $(SOLUTION)/*.py
+
+profile: ## roofline and profiler summary per case: SOLUTION=methods/main PANEL=visible [JSON=]
+	$(PY) -m evals.profile --solution $(SOLUTION) --panel $(PANEL) $(if $(JSON),--json $(JSON))
+
+bench: ## v0, main and the peers against the host and GPU floors (needs CUDA) [JSON=]
+	$(PY) -m evals.bench --panel $(PANEL) $(if $(JSON),--json $(JSON))
+
+agent-run: ## the optimization loop: ITER=20 [BACKEND=auto|offline|openai] [MODEL=] [PANEL=visible|smoke|FILE]
+	$(PY) -m agent run --iters $(ITER) $(if $(BACKEND),--backend $(BACKEND)) $(if $(MODEL),--model $(MODEL)) --panel $(PANEL)
+
+agent-status: ## runs, best kept versions, last ledger rows
+	$(PY) -m agent status
+
+clean-workspace: ## remove the worktrees of finished runs (branches, versions and rows stay)
+	$(PY) -m agent clean-workspace
+
+report: ## regenerate a run's report: RUN=<run-id>
+	$(PY) -m agent report $(RUN)
+
+promote: ## check vN again and copy it into methods/main: V=N [FORCE=1]
+	$(PY) -m agent promote v$(V) $(if $(FORCE),--force)

@@ -1,0 +1,166 @@
+"""The evaluation chain, cheapest first, stopping at the first failure: source policy -> selfcheck -> best and
+candidate timed in alternation -> residency guard -> verifier gates (the last two, the slowest on a GPU, only for a
+candidate that would be kept).
+
+Each stage is the evaluator's own CLI in a subprocess (agent/ never imports evals/); its JSON is the result.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.config import Task
+from agent.runner import clip, python_command, python_env, run_command
+
+
+@dataclass
+class Stage:
+    name: str
+    ok: bool
+    returncode: int | None
+    seconds: float
+    note: str
+    report: dict | None
+    output: str = ""
+
+    def summary(self) -> dict:
+        return {"name": self.name, "ok": self.ok, "returncode": self.returncode, "seconds": round(self.seconds, 2),
+                "note": self.note}
+
+
+class Evaluator:
+    """Runs the task's evaluator commands on a solution directory; outputs go to ``work_dir``."""
+
+    def __init__(self, task: Task, panel: str, cuda: bool, work_dir: Path):
+        self.task, self.panel, self.cuda, self.work_dir = task, panel, cuda, work_dir
+        work_dir.mkdir(parents=True, exist_ok=True)
+
+    def _run(self, name: str, module_args: tuple[str, ...], args: list[str], json_out: Path) -> Stage:
+        json_out.unlink(missing_ok=True)
+        started = time.monotonic()
+        result = run_command(python_command(module_args, *args, "--json", str(json_out)), self.task.root,
+                             self.task.eval_timeout_s, python_env(self.task.root, self.cuda))
+        seconds = time.monotonic() - started
+        try:
+            report = json.loads(json_out.read_text()) if json_out.is_file() else None
+        except ValueError:  # a process killed while writing leaves half a file: no report
+            report = None
+        rc = result["returncode"]
+        if result["timed_out"]:
+            note = f"timed out after {self.task.eval_timeout_s:g} s (process group killed)"
+        elif rc < 0:
+            note = f"crashed: killed by signal {-rc}"
+        elif report is None:
+            note = f"exit {rc} without a JSON report: " + _tail(result["output"])
+        else:
+            note = "ok" if rc == 0 else f"exit {rc}"
+        return Stage(name, rc == 0 and report is not None, rc, seconds, note, report, clip(result["output"], 4000))
+
+    def policy(self, solution: Path) -> Stage:
+        stage = self._run("policy", self.task.policy_cmd, [str(solution)], self.work_dir / "policy.json")
+        if not stage.ok and stage.report and "files" in stage.report:
+            found = [f"{Path(f).name}:{v['line']} [{v['rule']}] {v['message']}" for f, vs in stage.report["files"].items() for v in vs]
+            stage.note = "policy violations: " + "; ".join(found[:5])
+        return stage
+
+    def gates(self, solution: Path) -> Stage:
+        if not self.task.gates_module or not (self.task.root / self.task.gates_module).is_file():
+            return Stage("gates", True, None, 0.0, f"skipped: {self.task.gates_module or 'no gates module'} is not in "
+                                                   "this checkout", None)
+        stage = self._run("gates", self.task.gates_cmd, ["--solution", str(solution), "--panel", self.panel],
+                          self.work_dir / "gates.json")
+        if stage.report and not stage.ok:
+            failed = [f"{c['case']['name']}: {gate}: {'; '.join(c['gates'][gate]['evidence'][:1])[:300]}"
+                      for c in stage.report.get("cases", []) for gate in c.get("failed", [])]
+            failed += [f"{gate}" for gate, status in (stage.report.get("gates") or {}).items()
+                       if status == "fail" and gate == "policy"]
+            stage.note = "failed gates: " + ("; ".join(failed)[:1500] or stage.note)
+        return stage
+
+    def selfcheck(self, solution: Path, baseline: Path | None = None, name: str = "selfcheck") -> Stage:
+        args = ["--solution", str(solution), "--panel", self.panel] + (["--baseline", str(baseline)] if baseline else [])
+        stage = self._run(name, self.task.selfcheck_cmd, args, self.work_dir / f"{name}.json")
+        if stage.report and "cases" in stage.report and not stage.ok:
+            stage.note = "incorrect: " + "; ".join(_case_failure(c) for c in stage.report["cases"] if not c["correct"])[:1500]
+        return stage
+
+    def profile(self, solution: Path) -> Stage:
+        return self._run("profile", self.task.profile_cmd, ["--solution", str(solution), "--panel", self.panel],
+                         self.work_dir / "profile.json")
+
+    def residency(self, solution: Path) -> Stage:
+        stage = self._run("residency", self.task.residency_cmd, ["--solution", str(solution), "--panel", self.panel],
+                          self.work_dir / "residency.json")
+        if stage.report and "cases" in stage.report and not stage.ok:
+            stage.note = "residency: " + "; ".join(_case_failure(c) for c in stage.report["cases"] if not c.get("ok"))[:1500]
+        return stage
+
+    def evaluate(self, solution: Path, best: Path, best_is_baseline: bool, full_check: bool = True) -> dict:
+        """The verdict of one attempt; ``keep`` is True only for a valid candidate faster than ``best`` beyond noise.
+
+        Cheapest first, stopping at the first failure: policy, selfcheck (correctness and speed), the comparison with
+        the best; then the residency guard and the verifier gates, the slowest stages on a GPU. Without
+        ``full_check`` (the loop's default) they run only for a candidate that would be kept, since a slower one is
+        reverted whatever they say.
+        """
+        stages: list[Stage] = []
+
+        def passed(stage: Stage) -> bool:
+            stages.append(stage)
+            return stage.ok
+
+        comparison: dict = {"keep": False, "speedup_over_best": None, "noise": None}
+        if passed(self.policy(solution)) and passed(self.selfcheck(solution)):
+            check = stages[-1].report
+            if best_is_baseline:  # the selfcheck already timed the candidate against v0 in alternation
+                comparison = compare(check)
+            elif passed(self.selfcheck(solution, best, "versus_best")):
+                comparison = compare(stages[-1].report)
+            if comparison["keep"] or full_check:
+                passed(self.residency(solution)) and passed(self.gates(solution))
+        check = next((s.report for s in stages if s.name == "selfcheck" and s.report and "cases" in s.report), None)
+        names = {s.name: s for s in stages}
+        verdict = {"stages": [s.summary() for s in stages], "failed_stage": next((s.name for s in stages if not s.ok), None),
+                   "panel": self.panel, "gpu_timing": self.cuda,
+                   "correct": None if check is None else bool(check.get("all_correct")),
+                   "residency": ("ok" if names["residency"].ok else "FAIL") if "residency" in names else None,
+                   "gates": ("ok" if names["gates"].ok else "FAIL") if "gates" in names else None,
+                   "strata": (check or {}).get("strata", {}), "score": (check or {}).get("score"),
+                   "cases": [_case_numbers(c) for c in (check or {}).get("cases", [])],
+                   "note": "; ".join(f"{s.name}: {s.note}" for s in stages if s.note != "ok")}
+        verdict["valid"] = verdict["failed_stage"] is None and verdict["score"] is not None
+        verdict.update(comparison, keep=verdict["valid"] and comparison["keep"] and "residency" in names)
+        return verdict
+
+
+def compare(report: dict | None) -> dict:
+    """Geomean speedup of the candidate over the best, both timed in alternation in one process, against the noise:
+    the median over cases of the spread (max/min - 1) of the candidate's per-group times."""
+    cases = (report or {}).get("cases", [])
+    speedups = [c["speedup"] for c in cases if c.get("speedup")]
+    if not cases or len(speedups) != len(cases):
+        return {"keep": False, "speedup_over_best": None, "noise": None, "compare_note": "no valid comparison"}
+    spreads = sorted(max(c["times_us"]) / min(c["times_us"]) - 1 for c in cases if c.get("times_us"))
+    noise = spreads[len(spreads) // 2] if spreads else 0.0
+    speedup = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+    return {"keep": speedup > 1 + noise, "speedup_over_best": speedup, "noise": noise}
+
+
+def _case_failure(case: dict) -> str:
+    name = case["case"]["name"]
+    if case.get("error"):
+        return f"{name}: {case['error']['stage']}: {case['error']['name']}: {case['error']['message'][:300]}"
+    bad = [f"{mode}: {c['message'][:300]}" for mode, c in (case.get("checks") or {}).items() if not c.get("ok")]
+    return f"{name}: " + ("; ".join(bad) or "not ok")
+
+
+def _case_numbers(case: dict) -> dict:
+    keys = ("correct", "median_us", "gbps", "roofline_fraction", "baseline_median_us", "speedup")
+    return {"name": case["case"]["name"], "stratum": case["case"]["stratum"]} | {k: case.get(k) for k in keys}
+
+
+def _tail(text: str, lines: int = 6) -> str:
+    return " / ".join(text.strip().splitlines()[-lines:])[-800:]

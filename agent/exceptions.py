@@ -1,0 +1,24 @@
+"""Control flow of the loop, as in mini-swe-agent: each exception carries the message that explains it."""
+from __future__ import annotations
+
+
+class InterruptAgentFlow(Exception):
+    """Ends the current iteration of a proposer."""
+
+
+class Submitted(InterruptAgentFlow):
+    def __init__(self, summary: str, hypothesis: str):
+        super().__init__(f"submitted: {summary}")
+        self.summary, self.hypothesis = summary, hypothesis
+
+
+class FormatError(InterruptAgentFlow):
+    """A tool call that cannot be executed as given (unknown tool, malformed arguments); answered, never fatal."""
+
+
+class LimitsExceeded(Exception):
+    """A run limit (iterations, time, cost) or an exhausted search: the run stops after recording what it has."""
+
+
+class ProposerError(Exception):
+    """The proposer could not produce anything this iteration (endpoint down after retries, bad script)."""

@@ -1,0 +1,177 @@
+"""The run: `while True: step()`; each step is one attempt (propose -> evaluate -> record -> keep or revert).
+
+Limits raise LimitsExceeded at the top of a step; the run state is saved in `finally` after every step, so a killed
+run resumes where it stopped and the best-so-far is always on record.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from string import Template
+
+from agent import ledger
+from agent.config import RunConfig, Task
+from agent.display import Display
+from agent.evaluate import Evaluator
+from agent.exceptions import LimitsExceeded, ProposerError, Submitted
+from agent.proposers import IterationContext, Proposer
+from agent.tools import Tools, profile_text
+from agent.workspace import RunState, Workspace, replace_solution
+
+PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
+
+
+def render(name: str, **values: object) -> str:
+    """A prompt file with its placeholders filled; a missing value is a KeyError, never an empty string."""
+    return Template((PROMPTS / f"{name}.md").read_text()).substitute(values)
+
+
+def fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+class Run:
+    def __init__(self, task: Task, config: RunConfig, state: RunState, workspace: Workspace, proposer: Proposer,
+                 display: Display):
+        self.task, self.config, self.state, self.workspace, self.proposer = task, config, state, workspace, proposer
+        self.display = display
+        self.evaluator_tools = Evaluator(task, config.panel, config.cuda, workspace.state_dir / "tools")
+        self.tools = Tools(task, workspace.path, self.evaluator_tools)
+        self.stop_reason: str | None = None
+        self.session_start = time.monotonic()
+
+    @property
+    def best_dir(self) -> Path:
+        label = self.state.best_label
+        return self.task.versions / label if label.startswith("v") else self.workspace.state_dir / "start"
+
+    def best_profile(self) -> dict | None:
+        path = self.workspace.state_dir / "best_selfcheck.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def run(self) -> RunState:
+        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            while True:
+                self.step()
+        except LimitsExceeded as exc:
+            self.state.status = "finished" if self.state.attempts >= self.config.iters else "stopped"
+            self.display.line(f"run {self.state.run_id} {self.state.status}: {exc}")
+        except BaseException:
+            self.state.status = "failed"
+            raise
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            self.state.save(self.workspace.state_dir)
+            self.display.close()
+        return self.state
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self.stop_reason == "interrupted (Ctrl-C)":
+            raise KeyboardInterrupt  # a second Ctrl-C aborts at once
+        self.stop_reason = "interrupted (Ctrl-C)"
+        self.display.line("Ctrl-C: finishing and recording the current attempt, then stopping (Ctrl-C again aborts)")
+
+    def check_limits(self) -> None:
+        if self.stop_reason:
+            raise LimitsExceeded(self.stop_reason)
+        if self.state.attempts >= self.config.iters:
+            raise LimitsExceeded(f"{self.state.attempts} of {self.config.iters} iterations done")
+        minutes = (time.monotonic() - self.session_start) / 60
+        if self.config.time_limit_min is not None and minutes >= self.config.time_limit_min:
+            raise LimitsExceeded(f"time limit of {self.config.time_limit_min:g} min reached")
+        if self.config.cost_limit_usd is not None and self.state.cost_usd >= self.config.cost_limit_usd:
+            raise LimitsExceeded(f"cost limit ${self.config.cost_limit_usd:g} reached (${self.state.cost_usd:.4f} spent)")
+
+    def context(self, iteration: int) -> IterationContext:
+        profile = self.best_profile()
+        last = self.state.last_verdict
+        values = dict(spec=(self.task.root / self.task.spec).read_text(), run_id=self.state.run_id, iteration=iteration,
+                      iters=self.config.iters, best_label=self.state.best_label, best_score=fmt(self.state.best_score),
+                      timing_note="CUDA events on the GPU" if self.config.cuda else
+                      "no GPU: Triton-interpreter wall times on the smoke panel, not GPU timings",
+                      solution=(self.tools.candidate / "solution.py").read_text())
+        feedback = dict(ledger_rows="\n".join(ledger.rows(self.task)[-15:]) or "(none yet)",
+                        last_verdict=json.dumps(last, indent=1)[:3000] if last else "(none yet)",
+                        profile=profile_text(profile) if profile else "(none yet)",
+                        steps_left=getattr(self.proposer, "max_steps", "a few"))
+        prompts = {"system": render("system"), "task": render("task", **values), "iteration": render("iteration", **feedback)}
+        return IterationContext(iteration, prompts, profile)
+
+    def step(self) -> None:
+        self.check_limits()
+        iteration = self.state.attempts + 1
+        last = self.state.history[-1]["decision"] if self.state.history else "-"
+        self.display.status(iteration, f"{self.state.best_label} ({fmt(self.state.best_score)})", last)
+        context, started = self.context(iteration), time.monotonic()
+        try:
+            self.proposer.iterate(context, self.tools)
+            summary, hypothesis = "(the proposer returned without submitting)", ""
+        except Submitted as submitted:
+            summary, hypothesis = submitted.summary, submitted.hypothesis
+        except ProposerError as exc:
+            summary, hypothesis = f"(no submit: {exc})", ""
+        finally:
+            self.state.tokens += context.usage.tokens
+            self.state.cost_usd += context.usage.cost_usd
+            self.state.save(self.workspace.state_dir)
+        self.attempt(iteration, summary, hypothesis, context, time.monotonic() - started)
+
+    def attempt(self, iteration: int, summary: str, hypothesis: str, context: IterationContext, propose_s: float) -> None:
+        started = time.monotonic()
+        evaluator = Evaluator(self.task, self.config.panel, self.config.cuda,
+                              self.workspace.state_dir / "attempts" / f"{iteration:03d}")
+        verdict = evaluator.evaluate(self.tools.candidate, self.best_dir, self.state.best_is_baseline, self.config.full_check)
+        if verdict["keep"]:
+            decision = f"keep ({verdict['speedup_over_best']:.3f}x best, noise {verdict['noise']:.3f})"
+        elif verdict["valid"]:
+            decision = f"revert ({fmt(verdict['speedup_over_best'])}x best, noise {fmt(verdict['noise'])})"
+        else:
+            failed = next(s for s in verdict["stages"] if not s["ok"]) if verdict["failed_stage"] else None
+            decision = f"revert: {failed['name']} {failed['note'][:80]}" if failed else "revert: no score"
+        strata = verdict["strata"] or {}
+        text = summary + (f"; hypothesis: {hypothesis}" if hypothesis and hypothesis not in summary else "")
+        row = {"time (UTC)": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S"), "run": self.state.run_id,
+               "backend/model": self.proposer.label, "parent": self.state.best_label, "summary / hypothesis": text,
+               "correct": {True: "yes", False: "no", None: "-"}[verdict["correct"]],
+               "residency": verdict["residency"] or ("not run (slower)" if verdict["correct"] else "-"),
+               "balanced": fmt(strata.get("balanced")), "expert-batch": fmt(strata.get("expert-batch")),
+               "score": fmt(verdict["score"]), "decision": decision}
+        eval_s = time.monotonic() - started
+        extra = {"iteration": iteration, "summary": summary, "hypothesis": hypothesis, "keep": verdict["keep"],
+                 "prompt_tokens": context.usage.prompt_tokens, "completion_tokens": context.usage.completion_tokens,
+                 "tokens": context.usage.tokens, "cost_usd": context.usage.cost_usd, "propose_s": round(propose_s, 2),
+                 "eval_s": round(eval_s, 2), "wall_s": round(propose_s + eval_s, 2), "verdict": verdict}
+        recorded = ledger.record(self.task, self.tools.candidate, self.best_dir, self.state.best_label, row, verdict, extra)
+        self.workspace.commit(recorded.row)
+        if verdict["keep"]:
+            report = evaluator.work_dir / "selfcheck.json"
+            (self.workspace.state_dir / "best_selfcheck.json").write_text(report.read_text())
+            self.state.best_label, self.state.best_score, self.state.best_is_baseline = recorded.version, verdict["score"], False
+        else:
+            replace_solution(self.tools.candidate, self.best_dir)  # the worktree returns to the best
+        self.state.attempts = iteration
+        self.state.wall_s += propose_s + eval_s
+        self.state.last_verdict = {k: verdict[k] for k in ("failed_stage", "note", "correct", "residency", "strata",
+                                                            "score", "speedup_over_best", "noise", "keep")}
+        self.state.last_verdict["version"] = recorded.version
+        self.state.history.append({"version": recorded.version, "decision": decision, "score": verdict["score"]})
+        self.state.save(self.workspace.state_dir)
+        self.display.line(recorded.row)
+        self.display.done(f"{self.state.best_label} ({fmt(self.state.best_score)})", decision)
+
+
+def summary(task: Task, state: RunState) -> str:
+    lines = [f"run {state.run_id}: {state.status}, {state.attempts} attempt(s), {state.wall_s:.0f} s of work, "
+             f"{state.tokens} tokens, ${state.cost_usd:.4f}"]
+    if state.best_label == state.start_label:
+        lines.append(f"no candidate beat the start ({state.start_label}, score {fmt(state.best_score)}).")
+    else:
+        lines.append(f"best: {state.best_label}, score {fmt(state.best_score)} (speedup over v0, harmonic mean of strata)")
+        lines.append(f"to promote it: make promote V={state.best_label.removeprefix('v')}  "
+                     f"(python -m agent promote {state.best_label})")
+    lines.append(f"ledger: {task.ledger}; versions: {task.versions_dir}/; resume: python -m agent run --resume {state.run_id}")
+    return "\n".join(lines)

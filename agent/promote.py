@@ -1,0 +1,60 @@
+"""Promotion by hand: `python -m agent promote vN [--force]` (make promote V=N).
+
+Re-runs the gates, the selfcheck and the full residency guard on vN, refuses with the reason when any fails (unless
+--force, which the ledger records), copies vN's files into methods/main/ and appends a promotion row. It never
+changes methods/versions/.
+"""
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+from agent import ledger
+from agent.config import Task
+from agent.evaluate import Evaluator
+from agent.workspace import replace_solution
+
+
+def current_label(task: Task) -> str:
+    """The version methods/main equals, by sha256 (main when it matches none)."""
+    sha = ledger.solution_sha256(task.root / task.candidate_dir)
+    return next((e["version"] for e in ledger.index_entries(task) if e.get("sha256") == sha),
+                next((r["version"] for r in map(ledger.parse_row, ledger.rows(task)) if r.get("sha256") == sha), "main"))
+
+
+def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: str | None = None, log=print) -> int:
+    source = task.versions / version
+    if not re.fullmatch(r"v\d+", version) or not (source / "solution.py").is_file():
+        log(f"promote: no version {version} (expected vN with methods/versions/vN/solution.py)")
+        return 2
+    panel = panel or ("visible" if cuda else "smoke")
+    stamp = datetime.now(timezone.utc)
+    evaluator = Evaluator(task, panel, cuda, task.root / "workspace" / ".promotions" / f"{version}-{stamp:%Y%m%d-%H%M%S}")
+    log(f"checking {version} on the {panel} panel ({'GPU' if cuda else 'CPU, Triton interpreter'}): "
+        "source policy, gates, selfcheck, residency guard")
+    verdict = evaluator.evaluate(source, task.versions / task.baseline_version, best_is_baseline=True)
+    for stage in verdict["stages"]:
+        log(f"  {stage['name']:<10} {'ok' if stage['ok'] else 'FAILED'}  {stage['note'] if stage['note'] != 'ok' else ''}")
+    if not verdict["valid"]:
+        if not force:
+            log(f"promote: refused: {version} fails {verdict['failed_stage']}: {verdict['note']} (--force overrides, and is recorded)")
+            return 1
+        log(f"promote: forcing past {verdict['failed_stage']}; the ledger records it")
+    parent = current_label(task)
+    replace_solution(task.root / task.candidate_dir, source)
+    strata = verdict["strata"] or {}
+
+    def fmt(value):
+        return "-" if value is None else f"{value:.3f}"
+
+    forced = f" (forced past {verdict['failed_stage']}: {verdict['note'][:120]})" if not verdict["valid"] else ""
+    row = {"version": version, "time (UTC)": f"{stamp:%Y-%m-%d %H:%M:%S}", "run": "promotion", "backend/model": "by hand",
+           "parent": parent, "summary / hypothesis": f"promoted {version} to {task.candidate_dir}{forced}",
+           "correct": {True: "yes", False: "no", None: "-"}[verdict["correct"]], "residency": verdict["residency"] or "-",
+           "balanced": fmt(strata.get("balanced")), "expert-batch": fmt(strata.get("expert-batch")),
+           "score": fmt(verdict["score"]), "decision": "promoted (forced)" if forced else "promoted",
+           "sha256": ledger.solution_sha256(source)}
+    ledger.append_row(task, row)
+    log(f"promoted {version} to {task.candidate_dir} (was {parent}); score {fmt(verdict['score'])}")
+    return 0

@@ -1,0 +1,154 @@
+"""The LLM proposer: chat completions with function calling against any OpenAI-compatible endpoint.
+
+Retries with exponential backoff on 429, 5xx, timeouts, connection errors and responses the SDK passes through
+unchecked (no choices, a body that is not a completion); a malformed or unknown tool call is answered with the
+format-error prompt and the conversation goes on; the conversation is trimmed to a context budget.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from string import Template
+
+import openai
+from openai.types.chat import ChatCompletion
+
+from agent.exceptions import FormatError, ProposerError
+from agent.proposers import IterationContext
+from agent.tools import SPECS, Tools, openai_tools
+
+PROMPTS = Path(__file__).resolve().parent.parent.parent / "prompts"
+# USD per million (prompt, completion) tokens; KLOOP_PRICE_PER_MTOK="in,out" overrides (local servers: "0,0").
+PRICES: dict[str, tuple[float, float]] = {
+    "gpt-4o": (2.5, 10.0), "gpt-4o-mini": (0.15, 0.6), "gpt-4.1": (2.0, 8.0), "gpt-4.1-mini": (0.4, 1.6),
+    "o4-mini": (1.1, 4.4), "gpt-5": (1.25, 10.0), "gpt-5-mini": (0.25, 2.0), "default": (2.0, 8.0),
+}
+
+
+class BadResponse(Exception):
+    """A 2xx reply that is not a usable chat completion."""
+
+
+def price(model: str) -> tuple[float, float]:
+    override = os.environ.get("KLOOP_PRICE_PER_MTOK")
+    if override:
+        prompt, completion = (float(part) for part in override.split(","))
+        return prompt, completion
+    return PRICES.get(model, PRICES["default"])
+
+
+@dataclass
+class OpenAIConfig:
+    model: str = "gpt-4o-mini"
+    """Any model the endpoint serves."""
+    base_url: str | None = None
+    """OPENAI_BASE_URL; None means api.openai.com."""
+    api_key: str = "none"
+    """OPENAI_API_KEY; local servers accept any value."""
+    max_steps: int = 24
+    """Tool calls per iteration before the candidate is submitted as it stands."""
+    context_budget_tokens: int = 48_000
+    """Estimated tokens (characters / 4) the conversation may hold; older tool exchanges are dropped beyond it."""
+    retries: int = 6
+    backoff_s: float = field(default_factory=lambda: float(os.environ.get("KLOOP_RETRY_BASE_S", "2.0")))
+    """First retry delay; doubles each retry, capped at 60 s."""
+    request_timeout_s: float = 300.0
+    tool_output_chars: int = 8_000
+
+
+class OpenAIProposer:
+    def __init__(self, config: OpenAIConfig):
+        self.config = config
+        self.label = f"openai/{config.model}"
+        self.max_steps = config.max_steps
+        self.client = openai.OpenAI(base_url=config.base_url, api_key=config.api_key, max_retries=0,
+                                    timeout=config.request_timeout_s)
+
+    @classmethod
+    def from_env(cls, model: str) -> "OpenAIProposer":
+        return cls(OpenAIConfig(model=model or os.environ.get("OPENAI_MODEL") or "gpt-4o-mini",
+                                base_url=os.environ.get("OPENAI_BASE_URL") or None,
+                                api_key=os.environ.get("OPENAI_API_KEY") or "none"))
+
+    def iterate(self, context: IterationContext, tools: Tools) -> None:
+        messages: list[dict] = [{"role": "system", "content": context.prompts["system"]},
+                                {"role": "user", "content": context.prompts["task"] + "\n\n" + context.prompts["iteration"]}]
+        for _ in range(self.config.max_steps):
+            message = self._complete(trim(messages, self.config.context_budget_tokens), context)
+            calls = message.tool_calls or []
+            messages.append({"role": "assistant", "content": message.content or "",
+                             **({"tool_calls": [c.model_dump() for c in calls]} if calls else {})})
+            if not calls:
+                messages.append({"role": "user", "content": format_error("the message called no tool")})
+            for call in calls:
+                messages.append({"role": "tool", "tool_call_id": call.id,
+                                 "content": self._execute(tools, call.function.name, call.function.arguments)})
+        raise ProposerError(f"no submit within {self.config.max_steps} tool calls")
+
+    def _execute(self, tools: Tools, name: str, arguments: str) -> str:
+        try:
+            parsed = json.loads(arguments or "{}")
+            outcome = tools.call(name, parsed)  # submit raises Submitted, which ends the iteration
+        except json.JSONDecodeError as exc:
+            return format_error(f"the arguments of {name} are not JSON ({exc})")
+        except FormatError as exc:
+            return format_error(str(exc))
+        output = outcome["output"]
+        if len(output) > self.config.tool_output_chars:
+            output = output[: self.config.tool_output_chars // 2] + "\n[...]\n" + output[-self.config.tool_output_chars // 2:]
+        return f"returncode {outcome['returncode']}\n{output}"
+
+    def _complete(self, messages: list[dict], context: IterationContext):
+        delay = self.config.backoff_s
+        for attempt in range(self.config.retries + 1):
+            try:
+                response = self.client.chat.completions.create(model=self.config.model, messages=messages,
+                                                               tools=openai_tools(), tool_choice="auto")
+                if not isinstance(response, ChatCompletion) or not response.choices or response.choices[0].message is None:
+                    raise BadResponse(f"not a chat completion with choices: {str(response)[:200]!r}")
+                if response.usage:
+                    prompt_price, completion_price = price(self.config.model)
+                    context.usage.prompt_tokens += response.usage.prompt_tokens or 0
+                    context.usage.completion_tokens += response.usage.completion_tokens or 0
+                    context.usage.cost_usd += ((response.usage.prompt_tokens or 0) * prompt_price
+                                               + (response.usage.completion_tokens or 0) * completion_price) / 1e6
+                return response.choices[0].message
+            except (openai.RateLimitError, openai.InternalServerError, openai.APITimeoutError, openai.APIConnectionError,
+                    openai.APIResponseValidationError, BadResponse, ValueError) as exc:
+                error: Exception = exc
+            except openai.APIStatusError as exc:
+                if exc.status_code < 500 and exc.status_code not in (408, 409):
+                    raise ProposerError(f"the endpoint refused the request: {exc}") from exc
+                error = exc
+            if attempt < self.config.retries:
+                time.sleep(min(delay, 60.0))
+                delay *= 2
+        raise ProposerError(f"the endpoint failed {self.config.retries + 1} times; last error: {error}")
+
+
+def format_error(error: str) -> str:
+    template = Template((PROMPTS / "format_error.md").read_text())
+    return template.substitute(error=error, tools=", ".join(s["name"] for s in SPECS))
+
+
+def trim(messages: list[dict], budget_tokens: int) -> list[dict]:
+    """Drop the oldest assistant turns (each with its tool replies, so every tool reply keeps its call) until the
+    estimate fits; the system and first user message always stay."""
+    def size(items: list[dict]) -> int:
+        return len(json.dumps(items)) // 4
+
+    head, turns = messages[:2], []
+    for message in messages[2:]:
+        if message["role"] == "assistant" or not turns:
+            turns.append([message])
+        else:
+            turns[-1].append(message)
+    dropped = 0
+    while len(turns) > 1 and size(head + [m for t in turns for m in t]) > budget_tokens:
+        turns.pop(0)
+        dropped += 1
+    note = [{"role": "user", "content": f"[{dropped} earlier tool exchanges were trimmed to fit the context]"}] if dropped else []
+    return head + note + [m for t in turns for m in t]

@@ -1,0 +1,62 @@
+"""Run one command in its own session with a time limit; on expiry kill the whole process group.
+
+Candidate code runs only in such subprocesses, so that a crash, a hang or a kill costs one attempt, never the run.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+OUTPUT_LIMIT = 20_000  # characters of output kept: enough for a traceback, small enough for a prompt
+
+
+def clip(text: str, limit: int = OUTPUT_LIMIT) -> str:
+    return text if len(text) <= limit else f"[... {len(text) - limit} characters cut ...]\n" + text[-limit:]
+
+
+def python_env(root: Path, cuda: bool) -> dict[str, str]:
+    """The evaluator imports from the main checkout; without CUDA it runs under the Triton interpreter."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(root) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if not cuda:
+        env["TRITON_INTERPRET"] = "1"
+    env.pop("KLOOP_SCRIPT", None)
+    return env
+
+
+def run_command(args: list[str], cwd: Path, timeout_s: float, env: dict[str, str] | None = None) -> dict:
+    """``{"output", "returncode", "timed_out"}``; a timeout is returncode 124 and a signal death -signum."""
+    process = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               errors="replace", start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(process.pid)
+        output, _ = process.communicate()
+        return {"output": clip(output + f"\n[killed: no result within {timeout_s:g} s; the whole process group was killed]"),
+                "returncode": 124, "timed_out": True}
+    except BaseException:  # Ctrl-C or anything else: never leave the group running
+        _kill_group(process.pid)
+        process.wait()
+        raise
+    finally:
+        # a finished leader may leave children in its group (compile workers, a stuck grandchild)
+        _kill_group(process.pid)
+    if process.returncode < 0:
+        name = signal.Signals(-process.returncode).name
+        output += f"\n[the process died of signal {name}]"
+    return {"output": clip(output), "returncode": process.returncode, "timed_out": False}
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def python_command(module_args: tuple[str, ...] | list[str], *args: str) -> list[str]:
+    return [sys.executable, *module_args, *args]

@@ -1,0 +1,180 @@
+"""The tools, one implementation each, shared by every proposer, the CLI and the tests.
+
+Each returns ``{"output": str, "returncode": int}``; ``submit`` raises ``Submitted`` to end the iteration.
+The agent may read only the worktree's methods/ files, the ledger, the versions and the task spec; it may write only
+the candidate solution directory. Evaluator internals and panels are out of reach.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from agent.config import Task
+from agent.evaluate import Evaluator
+from agent.exceptions import FormatError, Submitted
+
+SPEC_NAMES = ("spec", "task_spec.md", "prompts/task_spec.md")
+BLOCK = re.compile(r"(?:^(?P<path>[^\n<>=]+?)\s*\n)?<<<<<<< SEARCH\n(?P<search>.*?)\n?=======\n(?P<replace>.*?)\n?>>>>>>> REPLACE",
+                   re.S | re.M)
+
+SPECS: list[dict] = [
+    {"name": "read_file", "description": "Read a file: the task spec ('spec'), methods/experiment_log.md (the ledger), "
+     "methods/main/*.py (your candidate) or methods/versions/vN/* (earlier attempts).",
+     "parameters": {"path": {"type": "string"}}},
+    {"name": "write_file", "description": "Replace a .py file of the candidate solution directory (methods/main/).",
+     "parameters": {"path": {"type": "string"}, "content": {"type": "string"}}},
+    {"name": "apply_patch", "description": "Edit the candidate with a unified diff, or with search/replace blocks: "
+     "'<<<<<<< SEARCH\\n<exact old text>\\n=======\\n<new text>\\n>>>>>>> REPLACE' (optionally preceded by a line "
+     "naming the file; default solution.py).", "parameters": {"patch": {"type": "string"}}},
+    {"name": "run_selfcheck", "description": "Correctness (normal and adversarial inputs), latency and speedup over v0 "
+     "of the current candidate.", "parameters": {}},
+    {"name": "run_residency_guard", "description": "Check what the candidate keeps alive against the memory contract.",
+     "parameters": {}},
+    {"name": "run_profile", "description": "Profiler summary per case: median us, GB/s and fraction of copy bandwidth, "
+     "host vs GPU time per call, kernels with grids, registers and spills, and a bottleneck label with its evidence.",
+     "parameters": {}},
+    {"name": "submit", "description": "End this iteration: the candidate is evaluated and recorded.",
+     "parameters": {"summary": {"type": "string"}, "hypothesis": {"type": "string"}}},
+]
+
+
+def openai_tools() -> list[dict]:
+    return [{"type": "function", "function": {"name": s["name"], "description": s["description"], "parameters": {
+        "type": "object", "properties": s["parameters"], "required": list(s["parameters"])}}} for s in SPECS]
+
+
+def result(output: str, returncode: int = 0) -> dict:
+    return {"output": output, "returncode": returncode}
+
+
+class Tools:
+    def __init__(self, task: Task, worktree: Path, evaluator: Evaluator):
+        self.task, self.worktree, self.evaluator = task, worktree, evaluator
+        self.candidate = worktree / task.candidate_dir
+
+    def call(self, name: str, arguments: Any) -> dict:
+        """Dispatch a tool call by name; an unknown tool or wrong arguments is a FormatError."""
+        spec = next((s for s in SPECS if s["name"] == name), None)
+        if spec is None:
+            raise FormatError(f"unknown tool {name!r}; the tools are {', '.join(s['name'] for s in SPECS)}")
+        if not isinstance(arguments, dict) or set(arguments) != set(spec["parameters"]) or \
+                not all(isinstance(v, str) for v in arguments.values()):
+            raise FormatError(f"{name} takes string arguments {sorted(spec['parameters'])}; got {arguments!r}"[:500])
+        return getattr(self, name)(**arguments)
+
+    def _readable(self, path: str) -> Path:
+        if path.strip() in SPEC_NAMES:
+            return self.task.root / self.task.spec
+        relative = Path(path.strip())
+        if relative.is_absolute():
+            raise PermissionError("give a path relative to the project, such as methods/main/solution.py or spec")
+        is_record = relative.as_posix() == self.task.ledger or relative.parts[:2] == tuple(Path(self.task.versions_dir).parts)
+        base = self.task.root if is_record else self.worktree  # the live record is in the main checkout
+        allowed = (base / "methods").resolve()
+        resolved = (base / relative).resolve()
+        if not resolved.is_relative_to(allowed):
+            raise PermissionError(f"read_file({path!r}) refused: only the spec ('spec'), methods/experiment_log.md and "
+                                  "files under methods/ may be read (never the evaluator or its panels)")
+        return resolved
+
+    def read_file(self, path: str) -> dict:
+        try:
+            target = self._readable(path)
+        except PermissionError as exc:
+            return result(str(exc), 1)
+        if target.is_dir():
+            return result("\n".join(sorted(p.name for p in target.iterdir())))
+        if not target.is_file():
+            return result(f"read_file({path!r}): no such file", 1)
+        return result(target.read_text(errors="replace"))
+
+    def _writable(self, path: str) -> Path:
+        relative = Path(path.strip())
+        if relative.parts[: len(Path(self.task.candidate_dir).parts)] == Path(self.task.candidate_dir).parts:
+            relative = relative.relative_to(self.task.candidate_dir)
+        target = (self.candidate / relative).resolve()
+        if target.parent != self.candidate.resolve() or target.suffix != ".py":
+            raise PermissionError(f"write refused for {path!r}: only .py files directly in {self.task.candidate_dir}/ "
+                                  "(the candidate solution) may be written")
+        return target
+
+    def write_file(self, path: str, content: str) -> dict:
+        try:
+            target = self._writable(path)
+        except PermissionError as exc:
+            return result(str(exc), 1)
+        target.write_text(content)
+        return result(f"wrote {len(content)} characters to {self.task.candidate_dir}/{target.name}")
+
+    def apply_patch(self, patch: str) -> dict:
+        try:
+            return self._search_replace(patch) if "<<<<<<< SEARCH" in patch else self._git_apply(patch)
+        except PermissionError as exc:
+            return result(str(exc), 1)
+
+    def _search_replace(self, patch: str) -> dict:
+        blocks = list(BLOCK.finditer(patch))
+        if not blocks:
+            return result("no complete block: write <<<<<<< SEARCH, the old text, =======, the new text, >>>>>>> REPLACE", 1)
+        edits: dict[Path, str] = {}
+        for number, block in enumerate(blocks, 1):
+            target = self._writable(block["path"] or "solution.py")
+            text = edits.get(target) or (target.read_text() if target.is_file() else "")
+            count = text.count(block["search"])
+            if count != 1:
+                first = block["search"].strip().splitlines()[0] if block["search"].strip() else "(empty)"
+                where = "not found" if count == 0 else f"found {count} times (add context to make it unique)"
+                return result(f"block {number} ({target.name}): search text {where}; it begins {first!r}. Nothing was changed.", 1)
+            edits[target] = text.replace(block["search"], block["replace"], 1)
+        for target, text in edits.items():
+            target.write_text(text)
+        return result(f"applied {len(blocks)} block(s) to {', '.join(sorted(t.name for t in edits))}")
+
+    def _git_apply(self, patch: str) -> dict:
+        paths = [p.split("\t")[0] for p in re.findall(r"^(?:\+\+\+|---) (?:[ab]/)?(\S+)", patch, re.M) if p != "/dev/null"]
+        if not paths:
+            return result("not a unified diff (no ---/+++ headers) and no search/replace blocks", 1)
+        inside = all(p.startswith(self.task.candidate_dir + "/") for p in paths)
+        for p in paths:
+            self._writable(p if inside else f"{self.task.candidate_dir}/{p}")
+        args = ["git", "apply", "--verbose", "--recount"] + ([] if inside else [f"--directory={self.task.candidate_dir}"])
+        if not re.search(r"^--- a/", patch, re.M):
+            args.append("-p0")
+        done = subprocess.run(args, cwd=self.worktree, input=patch if patch.endswith("\n") else patch + "\n",
+                              capture_output=True, text=True, timeout=60)
+        return result((done.stdout + done.stderr).strip() or "applied", done.returncode)
+
+    def run_selfcheck(self) -> dict:
+        stage = self.evaluator.selfcheck(self.candidate)
+        return result(stage.output + ("" if stage.ok else f"\n{stage.note}"), 0 if stage.ok else 1)
+
+    def run_residency_guard(self) -> dict:
+        stage = self.evaluator.residency(self.candidate)
+        return result(stage.output + ("" if stage.ok else f"\n{stage.note}"), 0 if stage.ok else 1)
+
+    def run_profile(self) -> dict:
+        """The profiler's summary: latency, GB/s and fraction of copy bandwidth, FLOP rate, host vs GPU time per call,
+        kernels and grids, registers and spills, and a bottleneck label per case (evals/profile.py)."""
+        stage = self.evaluator.profile(self.candidate)
+        return result(stage.output + ("" if stage.ok else f"\n{stage.note}"), 0 if stage.ok else 1)
+
+    def submit(self, summary: str, hypothesis: str) -> dict:
+        raise Submitted(summary, hypothesis)
+
+
+def profile_text(report: dict) -> str:
+    """The roofline summary of a selfcheck report: per case latency, GB/s and fraction of copy bandwidth."""
+    lines = [f"{'case':<26} {'stratum':<12} {'median_us':>10} {'GB/s':>8} {'%copy':>6} {'speedup':>8}"]
+    for case in report.get("cases", []):
+        def num(key: str, fmt: str, scale: float = 1.0) -> str:
+            value = case.get(key)
+            return "-" if value is None else format(value * scale, fmt)
+        lines.append(f"{case['case']['name']:<26} {case['case']['stratum']:<12} {num('median_us', '.2f'):>10} "
+                     f"{num('gbps', '.1f'):>8} {num('roofline_fraction', '.1f', 100):>6} {num('speedup', '.3f'):>8}")
+    strata = ", ".join(f"{k} {'-' if v is None else f'{v:.3f}'}" for k, v in report.get("strata", {}).items())
+    lines.append(f"speedup over v0 by stratum: {strata}; copy bandwidth {report.get('copy_gbps') or '-'} GB/s")
+    if report.get("interpreted"):
+        lines.append("note: no GPU: these are Triton-interpreter wall times, not GPU timings")
+    return "\n".join(lines)

@@ -1,0 +1,81 @@
+"""A throwaway copy of the project (its working tree, uncommitted files included) as a fresh git repository, so that
+runs of `python -m agent` create versions, rows and worktrees there and never in the real methods/."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+COPIED = ("agent", "evals", "methods", "prompts", "pyproject.toml", ".gitignore")
+IGNORED = shutil.ignore_patterns("__pycache__", ".lock", "*.pyc")
+# one tiny case keeps an attempt to a few seconds under the interpreter
+ONE_CASE = {"cases": [{"stratum": "balanced", "m": 19, "k": 256, "n": 256, "epilogue": "silu", "seed": 1}]}
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    copy = tmp_path / "kloop"
+    copy.mkdir()
+    for name in COPIED:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, copy / name, ignore=IGNORED)
+        elif source.is_file():
+            shutil.copy2(source, copy / name)
+    for entry in (copy / "methods" / "versions").iterdir():  # keep the yardstick only: runs of the real repo stay out
+        if entry.name != "v0" and entry.is_dir():
+            shutil.rmtree(entry)
+    (copy / "methods" / "versions" / "index.jsonl").unlink(missing_ok=True)
+    ledger = copy / "methods" / "experiment_log.md"
+    ledger.write_text("".join(line for line in ledger.read_text().splitlines(keepends=True)
+                              if not line.startswith("| v") or line.startswith("| v0 |")))
+    (copy / "workspace").mkdir()
+    (copy / "workspace" / ".gitkeep").touch()
+    git = ["git", "-c", "user.name=test", "-c", "user.email=test@localhost"]
+    subprocess.run(["git", "init", "-q"], cwd=copy, check=True)
+    subprocess.run(git + ["add", "-A"], cwd=copy, check=True)
+    subprocess.run(git + ["commit", "-qm", "fixture"], cwd=copy, check=True)
+    (tmp_path / "panel.json").write_text(json.dumps(ONE_CASE))
+    return copy
+
+
+@pytest.fixture
+def panel(project: Path) -> Path:
+    return project.parent / "panel.json"
+
+
+def agent_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "KLOOP_"))}
+    env.pop("PYTHONPATH", None)
+    return env | extra
+
+
+def agent_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "agent", *args]
+
+
+def run_agent(project: Path, *args: str, timeout: float = 240, **env: str) -> subprocess.CompletedProcess:
+    done = subprocess.run(agent_command(*args), cwd=project, env=agent_env(**env), capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, f"agent {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+def ledger_rows(project: Path) -> list[str]:
+    return [line for line in (project / "methods" / "experiment_log.md").read_text().splitlines() if line.startswith("| v")]
+
+
+def index(project: Path) -> list[dict]:
+    path = project / "methods" / "versions" / "index.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def runs(project: Path) -> list[dict]:
+    runs_dir = project / "workspace" / ".runs"
+    return [json.loads((p / "state.json").read_text()) for p in sorted(runs_dir.iterdir())] if runs_dir.is_dir() else []

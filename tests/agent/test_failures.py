@@ -1,0 +1,67 @@
+"""Bad candidates cost one attempt each, never the run: they are recorded (row, version, verdict) and the run goes on."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.agent.conftest import index, ledger_rows, run_agent, runs
+
+RAISES = "    raise RuntimeError('candidate broke on purpose')\n"
+HANGS = "    while True:\n        pass\n"
+KILLS_ITSELF = "    os.kill(os.getpid(), 9)\n"
+
+
+def candidate(project: Path, body: str, header: str = "") -> str:
+    """methods/main/solution.py with ``body`` run first thing in build."""
+    source = (project / "methods" / "main" / "solution.py").read_text()
+    source = source.replace('    """Check the weights once and return ``fn(x, residual) -> out``."""\n',
+                            '    """Check the weights once and return ``fn(x, residual) -> out``."""\n' + body, 1)
+    return header + source
+
+
+def script(path: Path, *sources: tuple[str, str]) -> Path:
+    calls = []
+    for summary, source in sources:
+        calls += [{"tool": "write_file", "args": {"path": "methods/main/solution.py", "content": source}},
+                  {"tool": "submit", "args": {"summary": summary, "hypothesis": "the run records it and goes on"}}]
+    path.write_text(json.dumps(calls))
+    return path
+
+
+def test_raising_and_hanging_and_forbidden_candidates_are_recorded(project: Path, panel: Path):
+    valid = (project / "methods" / "main" / "solution.py").read_text().replace('"BLOCK_SIZE_N": 64', '"BLOCK_SIZE_N": 128')
+    calls = script(project.parent / "script.json", ("raises", candidate(project, RAISES)),
+                   ("hangs", candidate(project, HANGS)),
+                   ("kills itself", candidate(project, KILLS_ITSELF, "import os\n")), ("valid", valid))
+    run_agent(project, "run", "--iters", "4", "--backend", "scripted", "--script", str(calls), "--panel", str(panel),
+              KLOOP_EVAL_TIMEOUT="12")
+    rows = ledger_rows(project)[1:]
+    assert len(rows) == 4 and all(" | scripted | " in row for row in rows)
+    verdicts = {e["summary"]: e["verdict"] for e in index(project)}
+    # the verifier's gates (when present) or else the selfcheck is the first stage that runs candidate code
+    assert verdicts["raises"]["failed_stage"] in ("gates", "selfcheck")
+    assert "candidate broke on purpose" in verdicts["raises"]["note"]
+    assert verdicts["hangs"]["failed_stage"] in ("gates", "selfcheck")
+    assert "timed out after 12 s" in verdicts["hangs"]["note"]
+    assert verdicts["kills itself"]["failed_stage"] == "policy"  # the source policy stops it before it runs
+    assert verdicts["valid"]["valid"] and verdicts["valid"]["correct"]
+    assert all("revert" in row for row in rows[:3])
+    (state,) = runs(project)
+    assert state["status"] == "finished" and state["attempts"] == 4
+
+
+def test_a_candidate_that_kills_its_process_is_recorded(project: Path, panel: Path):
+    # The policy (also run inside the verifier's gates) would stop this candidate before it runs; a task whose policy
+    # stand-in passes everything, without the gates stage, lets the crash reach the selfcheck process: it dies of SIGKILL.
+    clean = "import json, sys; json.dump({'clean': True, 'files': {}}, open(sys.argv[sys.argv.index('--json') + 1], 'w'))"
+    task = project.parent / "task.json"
+    task.write_text(json.dumps({"policy_cmd": ["-c", clean], "gates_module": ""}))
+    calls = script(project.parent / "script.json", ("kills itself", candidate(project, KILLS_ITSELF, "import os\n")),
+                   ("raises", candidate(project, RAISES)))
+    run_agent(project, "run", "--iters", "2", "--backend", "scripted", "--script", str(calls), "--panel", str(panel),
+              "--task", str(task))
+    verdicts = {e["summary"]: e["verdict"] for e in index(project)}
+    killed = verdicts["kills itself"]
+    assert killed["failed_stage"] == "selfcheck" and "killed by signal 9" in killed["note"]
+    assert verdicts["raises"]["failed_stage"] == "selfcheck", "the run went on after the crash"
+    assert "selfcheck crashed" in ledger_rows(project)[1]

@@ -1,0 +1,93 @@
+"""Reports at the end of a run, their HTML in a real headless browser, and promotion by hand."""
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.agent.conftest import agent_command, agent_env, ledger_rows, run_agent, runs
+
+
+def tree_digest(directory: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != ".lock"):
+        digest.update(path.relative_to(directory).as_posix().encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+@pytest.fixture
+def finished_run(project: Path, panel: Path) -> str:
+    run_agent(project, "run", "--iters", "2", "--backend", "offline", "--panel", str(panel))
+    (state,) = runs(project)
+    return state["run_id"]
+
+
+def test_a_run_ends_with_a_report_and_an_index(project: Path, finished_run: str):
+    out = project / "reports" / finished_run
+    markdown = (out / "report.md").read_text()
+    for heading in ("## Run", "## Outcome", "## Score per iteration", "## Per case", "## Ledger rows of this run"):
+        assert heading in markdown
+    assert "Triton interpreter" in markdown and "not GPU timings" in markdown
+    assert "19x256x256-silu" in markdown and markdown.count(f"| {finished_run} |") == 2
+    assert (out / "score.png").read_bytes().startswith(b"\x89PNG")
+    page = (out / "report.html").read_text()
+    assert "data:image/png;base64," in page and 'src="http' not in page and "<link" not in page
+    assert finished_run in (project / "reports" / "index.md").read_text()
+
+    (out / "report.md").unlink()
+    run_agent(project, "report", finished_run)
+    assert (out / "report.md").is_file()
+    missing = subprocess.run(agent_command("report", "no-such-run"), cwd=project, env=agent_env(), capture_output=True, text=True)
+    assert missing.returncode != 0 and "no run no-such-run" in missing.stderr
+
+
+def chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(chromium() is None, reason="Debian's chromium is not installed (apt-get install chromium)")
+def test_the_html_report_renders_in_headless_chromium(project: Path, finished_run: str, tmp_path: Path):
+    import matplotlib.image
+
+    shot = tmp_path / "report.png"
+    subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                    f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1200,1600",
+                    (project / "reports" / finished_run / "report.html").as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    pixels = matplotlib.image.imread(str(shot))
+    assert pixels.std() > 0.05, "the screenshot is blank"
+
+
+def test_promote_checks_copies_records_and_leaves_versions_alone(project: Path, panel: Path, finished_run: str):
+    versions = project / "methods" / "versions"
+    main = project / "methods" / "main" / "solution.py"
+    before = tree_digest(versions)
+    rows_before = ledger_rows(project)
+
+    done = run_agent(project, "promote", "v1", "--panel", str(panel), timeout=400)
+    assert "promoted v1" in done.stdout
+    assert main.read_text() == (versions / "v1" / "solution.py").read_text()
+    row = ledger_rows(project)[-1]
+    assert row.startswith("| v1 |") and "| promotion |" in row and "| promoted |" in row
+    assert ledger_rows(project)[:-1] == rows_before
+
+    broken = versions / "v9"
+    broken.mkdir()
+    (broken / "solution.py").write_text("def build(qweight, scales, bias, epilogue):\n    raise RuntimeError('broken')\n")
+    refused = subprocess.run(agent_command("promote", "v9", "--panel", str(panel)), cwd=project, env=agent_env(),
+                             capture_output=True, text=True, timeout=400)
+    assert refused.returncode == 1 and "refused" in refused.stdout
+    assert main.read_text() == (versions / "v1" / "solution.py").read_text()
+
+    forced = run_agent(project, "promote", "v9", "--panel", str(panel), "--force", timeout=400)
+    assert "forcing past" in forced.stdout and main.read_text() == (broken / "solution.py").read_text()
+    assert "promoted (forced)" in ledger_rows(project)[-1]
+    shutil.rmtree(broken)
+    assert tree_digest(versions) == before, "promotion changed methods/versions"
+
+    missing = subprocess.run(agent_command("promote", "v99"), cwd=project, env=agent_env(), capture_output=True, text=True)
+    assert missing.returncode == 2 and "no version v99" in missing.stdout

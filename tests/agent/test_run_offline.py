@@ -1,0 +1,103 @@
+"""The whole loop, offline, as a person runs it: versions, rows, commits, resume after SIGKILL, parallel runs."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import git
+
+from tests.agent.conftest import agent_command, agent_env, index, ledger_rows, run_agent, runs
+
+
+def test_offline_run_records_versions_rows_and_commits(project: Path, panel: Path):
+    ledger_before = (project / "methods" / "experiment_log.md").read_text()
+    done = run_agent(project, "run", "--iters", "3", "--backend", "offline", "--panel", str(panel))
+    assert "not GPU timings" in done.stdout
+    assert "to promote it" in done.stdout or "no candidate beat the start" in done.stdout
+
+    ledger_after = (project / "methods" / "experiment_log.md").read_text()
+    assert ledger_after.startswith(ledger_before), "earlier ledger rows changed"
+    rows = ledger_rows(project)[1:]
+    assert [row.split(" | ")[0] for row in rows] == ["| v1", "| v2", "| v3"]
+    for number, row in enumerate(rows, 1):
+        cells = [c.strip() for c in row.strip("|").split(" | ")]
+        assert len(cells) == 13 and cells[3] == "offline" and cells[6] == "yes"
+        # the residency guard and the gates run for a candidate that would be kept; a slower one is reverted first
+        assert cells[7] == ("ok" if cells[11].startswith("keep") else "not run (slower)")
+        assert "->" in cells[5] and "hypothesis:" in cells[5]
+        assert cells[11].startswith(("keep", "revert"))
+        version = project / "methods" / "versions" / f"v{number}"
+        assert {p.name for p in version.iterdir()} >= {"solution.py", "parent.patch", "verdict.json"}
+        assert "get_config" in (version / "parent.patch").read_text()
+    assert len({row.rsplit(" | ", 2)[1] for row in rows}) == 3, "the offline search proposed the same solution twice"
+
+    entries = index(project)
+    assert [e["version"] for e in entries] == ["v1", "v2", "v3"]
+    assert all({"tokens", "cost_usd", "wall_s", "eval_s", "verdict"} <= set(e) for e in entries)
+
+    (state,) = runs(project)
+    assert state["status"] == "finished" and state["attempts"] == 3
+    branch = git.Repo(project).commit(f"runs/{state['run_id']}")
+    messages = [c.message.strip() for c in list(git.Repo(project).iter_commits(branch, max_count=3))][::-1]
+    assert messages == rows, "each attempt is one commit whose message is its ledger row"
+    kept = [e["version"] for e in entries if e["keep"]]
+    assert state["best_label"] == (kept[-1] if kept else "v0")
+
+    status = run_agent(project, "status")
+    assert state["run_id"] in status.stdout and "v3" in status.stdout
+    cleaned = run_agent(project, "clean-workspace")
+    assert state["run_id"] in cleaned.stdout and not (project / "workspace" / state["run_id"]).exists()
+
+
+def wait_for(predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.2)
+
+
+def test_resume_after_sigkill(project: Path, panel: Path):
+    process = subprocess.Popen(agent_command("run", "--iters", "3", "--backend", "offline", "--panel", str(panel)),
+                               cwd=project, env=agent_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: any(r["attempts"] >= 1 for r in runs(project)), 180)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    (state,) = runs(project)
+    assert state["status"] == "running" and state["attempts"] < 3
+    assert "killed (resumable)" in run_agent(project, "status").stdout
+
+    run_agent(project, "run", "--resume", state["run_id"])
+    (state,) = runs(project)
+    assert state["status"] == "finished" and state["attempts"] == 3
+    versions = [e["version"] for e in index(project)]
+    assert len(versions) == len(set(versions)) >= 3
+    assert [row.split(" | ")[0] for row in ledger_rows(project)] == ["| v0"] + [f"| {v}" for v in versions]
+
+
+def test_two_runs_at_once_never_share_a_version(project: Path, panel: Path):
+    ledger_before = (project / "methods" / "experiment_log.md").read_text()
+    command = agent_command("run", "--iters", "2", "--backend", "offline", "--panel", str(panel))
+    processes = [subprocess.Popen(command, cwd=project, env=agent_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True) for _ in range(2)]
+    outputs = [p.communicate(timeout=300)[0] for p in processes]
+    assert [p.returncode for p in processes] == [0, 0], outputs
+
+    states = runs(project)
+    assert len(states) == 2 and all(s["status"] == "finished" for s in states)
+    entries = index(project)
+    versions = [e["version"] for e in entries]
+    assert sorted(versions, key=lambda v: int(v[1:])) == ["v1", "v2", "v3", "v4"]
+    assert {e["run"] for e in entries} == {s["run_id"] for s in states}
+    assert (project / "methods" / "experiment_log.md").read_text().startswith(ledger_before)
+    assert [row.split(" | ")[0] for row in ledger_rows(project)] == ["| v0", "| v1", "| v2", "| v3", "| v4"]
+    branches = {b.name for b in git.Repo(project).branches}
+    assert {f"runs/{s['run_id']}" for s in states} <= branches
+    for entry in entries:
+        assert json.loads((project / "methods" / "versions" / entry["version"] / "verdict.json").read_text())["stages"]
+    assert os.path.isdir(project / "workspace" / states[0]["run_id"])

@@ -1,0 +1,90 @@
+"""The pieces without a run: the offline search, the ledger's append-only record, prompts, conversation trimming."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from agent.config import RunConfig, Task, from_dict
+from agent.exceptions import Submitted
+from agent.ledger import format_row, record, rows
+from agent.loop import render
+from agent.proposers import IterationContext
+from agent.proposers.offline import OfflineProposer, find_table
+from agent.proposers.openai_chat import trim
+from tests.agent.test_tools import tools  # noqa: F401 (the fixture)
+
+
+def propose(tools, profile=None) -> tuple[str, Submitted]:  # noqa: F811
+    with pytest.raises(Submitted) as submitted:
+        OfflineProposer().iterate(IterationContext(1, {}, profile), tools)
+    return (tools.candidate / "solution.py").read_text(), submitted.value
+
+
+def test_offline_search_follows_the_profile_and_never_repeats_the_ledger(tools):  # noqa: F811
+    start = (tools.candidate / "solution.py").read_text()
+    source, submitted = propose(tools, {"strata": {"balanced": 1.0, "expert-batch": 0.8}})
+    assert submitted.summary == "BLOCK_SIZE_N 64->32"  # the weaker expert-batch stratum wants more programs
+    assert find_table(source).entries["BLOCK_SIZE_K"] == "GROUP_SIZE"  # computed values are kept as written
+    (tools.candidate / "solution.py").write_text(start)
+    source, submitted = propose(tools, {"strata": {"balanced": 0.8, "expert-batch": 1.0}})
+    assert submitted.summary == "BLOCK_SIZE_N 64->128" and "expect balanced cases faster" in submitted.hypothesis
+    # once that solution is in the ledger, the next proposal is another one
+    ledger = tools.task.ledger_path
+    ledger.write_text(ledger.read_text() + format_row({"version": "v1", "sha256": hashlib.sha256(source.encode()).hexdigest()}) + "\n")
+    (tools.candidate / "solution.py").write_text(start)
+    _, submitted = propose(tools, {"strata": {"balanced": 0.8, "expert-batch": 1.0}})
+    assert submitted.summary != "BLOCK_SIZE_N 64->128"
+
+
+def test_offline_search_picks_up_new_knobs_and_keeps_hard_limits(tools):  # noqa: F811
+    source = (tools.candidate / "solution.py").read_text().replace('"num_stages": 3}', '"num_stages": 3, "SPLIT_K": 1}')
+    (tools.candidate / "solution.py").write_text(source)
+    _, submitted = propose(tools, {"strata": {"balanced": 1.0, "expert-batch": 0.5}})
+    assert submitted.summary == "SPLIT_K 1->2"
+    seen = set()
+    for _ in range(12):
+        (tools.candidate / "solution.py").write_text(source)
+        proposal, submitted = propose(tools)
+        entries = find_table(proposal).entries
+        assert entries["BLOCK_SIZE_K"] == "GROUP_SIZE" and entries["BLOCK_SIZE_M"] >= 16
+        assert submitted.summary not in seen
+        seen.add(submitted.summary)
+        ledger = tools.task.ledger_path
+        ledger.write_text(ledger.read_text() + format_row({"version": "v9", "sha256": hashlib.sha256(proposal.encode()).hexdigest()}) + "\n")
+
+
+def test_record_appends_rows_and_never_rewrites_earlier_ones(project: Path, tmp_path: Path):
+    task = Task(root=project)
+    candidate = tmp_path / "candidate"
+    candidate.mkdir()
+    before = task.ledger_path.read_text()
+    versions = []
+    for number in range(3):
+        (candidate / "solution.py").write_text(f"VALUE = {number}\n")
+        text_before = task.ledger_path.read_text()
+        recorded = record(task, candidate, task.versions / "v0", "v0", {"summary / hypothesis": "a | b\nc"}, {}, {})
+        assert task.ledger_path.read_text().startswith(text_before)
+        versions.append(recorded.version)
+    assert versions == ["v1", "v2", "v3"] and task.ledger_path.read_text().startswith(before)
+    assert rows(task)[-1].count(" | ") == 12 and "a / b c" in rows(task)[-1]  # a cell can never break the table
+
+
+def test_prompts_fail_on_a_missing_variable_and_config_on_an_unknown_key():
+    with pytest.raises(KeyError):
+        render("format_error", error="x")
+    assert "unknown tool" in render("format_error", error="unknown tool", tools="read_file")
+    with pytest.raises(ValueError, match="unknown key"):
+        from_dict(RunConfig, {"iters": 3, "iterations": 4})
+
+
+def test_trim_keeps_tool_replies_with_their_calls():
+    head = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    turns = []
+    for number in range(20):
+        turns += [{"role": "assistant", "content": "", "tool_calls": [{"id": f"c{number}"}]},
+                  {"role": "tool", "tool_call_id": f"c{number}", "content": "x" * 400}]
+    trimmed = trim(head + turns, 1000)
+    assert trimmed[:2] == head and "trimmed" in trimmed[2]["content"] and trimmed[3]["role"] == "assistant"
+    assert len(str(trimmed)) // 4 <= 1100 and trimmed[-1] == turns[-1]
