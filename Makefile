@@ -25,6 +25,7 @@ setup: ## create .venv with everything (a CPU torch where no GPU is present)
 	fi
 	$(VENV)/bin/python -m pip install -q -e '.[dev]'
 	@echo "setup done: $$($(VENV)/bin/python -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, "cuda", torch.cuda.is_available())')"
+	@command -v chromium >/dev/null || echo "optional: 'apt-get install chromium' lets make test render the HTML report in a headless browser (that test is skipped without it)"
 
 test: ## CPU tests (Triton interpreter, smoke panel)
 	TRITON_INTERPRET=1 $(PY) -m pytest -q

@@ -98,6 +98,7 @@ def score_plot(data: RunData) -> bytes | None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         return None
     fig, ax = plt.subplots(figsize=(8, 3.2), dpi=110)
@@ -115,6 +116,7 @@ def score_plot(data: RunData) -> bytes | None:
         line.append((e["iteration"], best if best is not None else (data.start or {}).get("score")))
     if any(y is not None for _, y in line):
         ax.step(*zip(*[(x, y) for x, y in line if y is not None]), where="post", color="#2a9d3a", linewidth=1, alpha=0.6)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("iteration")
     ax.set_ylabel("score (speedup over v0)")
     ax.set_title(f"run {data.state.run_id}")
