@@ -7,10 +7,11 @@ export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
 SOLUTION ?= methods/main
 ITER ?= 20
+SEED ?= 1
 PANEL ?= visible
 JSON ?=
 
-.PHONY: help setup test test-gpu selfcheck guard policy profile bench agent-run agent-status clean-workspace report promote
+.PHONY: help setup test test-gpu selfcheck guard policy profile bench agent-run agent-status clean-workspace report promote verify gates sealed-panel
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -38,6 +39,15 @@ selfcheck: ## correctness, latency and speedup over v0: SOLUTION=methods/main PA
 
 guard: ## the residency contract at its three checkpoints: SOLUTION=methods/main PANEL=visible
 	$(PY) -m evals.residency --solution $(SOLUTION) --panel $(PANEL) $(if $(JSON),--json $(JSON))
+
+verify: ## the sealed judge, 3 roles per case: SOLUTION=methods/main PANEL=~/.kloop/panels/sealed-1.json [JSON=]
+	$(PY) -m evals.verifier --solution $(SOLUTION) --panel $(PANEL) $(if $(JSON),--json $(JSON))
+
+gates: ## every hard gate but timing, fast (CPU: Triton interpreter): SOLUTION=methods/main PANEL=smoke
+	$(PY) -m evals.verifier --solution $(SOLUTION) --panel $(PANEL) --gates-only $(if $(JSON),--json $(JSON))
+
+sealed-panel: ## draw a sealed panel outside the repository: SEED=1 [OUT=path]
+	$(PY) -m evals.verifier make-panel --seed $(SEED) $(if $(OUT),--out $(OUT))
 
 policy: ## the source policy on a solution's files: SOLUTION=methods/main
 	$(PY) -m evals.policy $(SOLUTION)/*.py

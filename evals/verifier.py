@@ -1,0 +1,303 @@
+"""The sealed judge of SPEC.md: every hard gate, then three timed roles per case, then the score.
+
+    python -m evals.verifier --solution DIR --panel FILE [--baseline DIR] [--json OUT] [--gates-only]
+    python -m evals.verifier make-panel --seed S [--out FILE] [--per-stratum 5]
+
+This process never imports candidate code. It runs the source policy (evals/policy.py) itself, and for each case
+starts one process per role (``python -m evals.verifier role ...``, evals/gates.py) in a scratch directory: the
+baseline (v0) "before", the candidate, the baseline "after", each with SPEC.md's full schedule. Dispersion: each
+role's 11 group times have max/min <= 1.15 and the two baseline medians agree within 1.15, with no retry and no
+trimming. Case score = sqrt(before * after) / candidate; geometric mean per stratum; harmonic mean across strata.
+Exit status 0 only for a valid submission (every gate passed, none skipped).
+
+``--gates-only`` runs the candidate role alone, every gate but the timing ones; without CUDA on CPU tensors under
+the Triton interpreter, skipping only the CUDA-only gates and saying why (exit 0 when no gate failed).
+A hidden ``--schedule smoke`` shrinks the schedule so that CPU tests of the whole pipeline finish; it never scores.
+
+Stabilizers (SPEC.md advice), on the verifier's side only: the cyclic garbage collector is disabled during the timed
+groups, and each timing role on CUDA pins itself to one core with os.sched_setaffinity where the OS has it.
+The input schedule is a pool of 64 distinct pre-generated (x, residual) pairs, cycled call by call, drawn from the
+case's seed: identical for all three roles, fresh for each case, and small enough to keep every reference in memory.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict
+from importlib import metadata
+from pathlib import Path
+
+from evals import kernel_harness as kh
+from evals.loader import resolve_solution_dir
+from evals.selfcheck import geomean
+
+ROOT = Path(__file__).resolve().parent.parent
+V0_DIR = ROOT / "methods" / "versions" / "v0"
+ROLES = ("baseline_before", "candidate", "baseline_after")
+DISPERSION_LIMIT = 1.15
+ROLE_TIMEOUT_S = {"spec": 900, "smoke": 600}
+PANEL_HOME = Path.home() / ".kloop" / "panels"
+PROTECTED_DIRS = ("methods", "workspace")  # the agent reads and writes these: no sealed panel may live there
+PER_STRATUM = 5
+K_RANGE = (8192, 28672)
+N_BY_STRATUM = {"balanced": (4096, 28672), "expert-batch": (512, 2048)}
+
+
+# ----------------------------------------------------------------------------------------------------- roles
+def run_role_process(solution: Path, case: kh.Case, schedule: str, timing: bool, scratch: Path) -> dict:
+    """One role in a fresh process; a crash, a hang or a missing record becomes an error record."""
+    out = scratch / f"role-{len(list(scratch.glob('role-*.json')))}-{case.name}.json"
+    command = [sys.executable, "-m", "evals.verifier", "role", "--solution", str(solution),
+               "--case", json.dumps(asdict(case)), "--schedule", schedule, "--out", str(out)] + (["--timing"] if timing else [])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    try:
+        run = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True, timeout=ROLE_TIMEOUT_S[schedule])
+        failure = f"exit status {run.returncode}; stderr: {run.stderr[-1500:]}"
+    except subprocess.TimeoutExpired:
+        failure = f"no result within {ROLE_TIMEOUT_S[schedule]} s"
+    try:
+        return json.loads(out.read_text())
+    except (OSError, ValueError):  # no record, or a half-written one: the process died
+        pass
+    return {"case": kh.case_dict(case), "solution": str(solution), "gates": {}, "times_us": [], "median_us": None,
+            "error": {"stage": "role process", "name": "RoleCrashed", "message": failure}}
+
+
+def role_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m evals.verifier role")
+    parser.add_argument("--solution", required=True)
+    parser.add_argument("--case", required=True, help="the case as JSON")
+    parser.add_argument("--schedule", default="spec")
+    parser.add_argument("--timing", action="store_true")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    out = open(args.out, "w")  # opened before candidate code exists in this process
+    from evals import gates
+
+    record = gates.run_role(resolve_solution_dir(args.solution), kh.Case(**json.loads(args.case)),
+                            gates.SCHEDULES[args.schedule], args.timing)
+    out.write(json.dumps(record, default=str))
+    out.close()
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------- judging
+def policy_gate(solution: Path) -> dict:
+    from evals.policy import check_files
+
+    found = {file: violations for file, violations in check_files([solution]).items() if violations}
+    evidence = [f"{Path(file).name}:{v.line}: [{v.rule}] {v.message}" for file, vs in found.items() for v in vs]
+    return {"status": "fail" if found else "pass", "evidence": evidence or [f"every *.py of {solution} clean"]}
+
+
+def dispersion(times: list[float]) -> float | None:
+    return max(times) / min(times) if times and min(times) > 0 else None
+
+
+def judge_case(case: kh.Case, roles: dict[str, dict], policy: dict, gates_only: bool) -> dict:
+    candidate = roles["candidate"]
+    gates = {name: dict(gate) for name, gate in candidate.get("gates", {}).items()}
+    gates["policy"] = policy
+    missing = [name for name, gate in gates.items() if gate["status"] == "not_run"] or (["every role gate"] if not candidate.get("gates") else [])
+    crash = (candidate.get("error") or {}).get("name") == "RoleCrashed"
+    gates["coverage"] = {"status": "fail" if missing or crash else "pass", "evidence": [
+        f"not evaluated: {', '.join(missing)}" + (f" ({candidate['error']['message'][:300]})" if candidate.get("error") else "")
+        if missing or crash else f"every gate ran on {case.name}"]}
+    medians = {role: r.get("median_us") for role, r in roles.items()}
+    ratio = None
+    if gates_only or candidate.get("median_us") is None:
+        reason = "a timing gate: not run with --gates-only" if gates_only else "the candidate was not timed"
+        for name in ("dispersion", "baseline_agreement"):
+            gates[name] = {"status": "skip", "evidence": [reason]}
+    else:
+        spreads = {role: dispersion(r.get("times_us") or []) for role, r in roles.items()}
+        bad = [role for role in ROLES if spreads.get(role) is None or spreads[role] > DISPERSION_LIMIT]
+        gates["dispersion"] = {"status": "fail" if bad else "pass", "evidence": [
+            ", ".join(f"{role} max/min {'-' if spreads.get(role) is None else f'{spreads[role]:.3f}'}" for role in ROLES)
+            + (f"; over {DISPERSION_LIMIT} or missing: {', '.join(bad)}" if bad else "")]}
+        before, after = medians.get("baseline_before"), medians.get("baseline_after")
+        broken = [f"{role} failed {name}" for role in ("baseline_before", "baseline_after")
+                  for name, gate in roles.get(role, {}).get("gates", {}).items() if gate["status"] == "fail"]
+        agree = before and after and max(before, after) / min(before, after) <= DISPERSION_LIMIT and not broken
+        gates["baseline_agreement"] = {"status": "pass" if agree else "fail", "evidence": [
+            f"baseline medians {before or 0:.2f} us and {after or 0:.2f} us" + ("" if agree else
+            f": not within {DISPERSION_LIMIT}x, or a baseline role failed ({', '.join(broken) or 'no failed gate'})")]}
+        if before and after and medians.get("candidate"):
+            ratio = math.sqrt(before * after) / medians["candidate"]
+    failed = [name for name, gate in gates.items() if gate["status"] == "fail"]
+    skipped = [name for name, gate in gates.items() if gate["status"] == "skip"]
+    return {"case": kh.case_dict(case), "gates": gates, "failed": failed, "skipped": skipped, "medians_us": medians,
+            "ratio": ratio, "score": None if failed else ratio, "roles": roles}
+
+
+def summarize(cases: list[dict], gates_only: bool) -> dict:
+    names = list(dict.fromkeys(name for c in cases for name in c["gates"]))
+    statuses = {}
+    for name in names:
+        seen = {c["gates"].get(name, {}).get("status", "not_run") for c in cases}
+        statuses[name] = "fail" if seen & {"fail", "not_run"} else ("skip" if seen == {"skip"} else "pass")
+    skipped = {name: cases[0]["gates"][name]["evidence"][0] for name, s in statuses.items() if s == "skip"}
+    strata: dict[str, list] = {}
+    for c in cases:
+        strata.setdefault(c["case"]["stratum"], []).append(c["score"])
+    per_stratum = {name: (geomean(v) if v and None not in v else None) for name, v in strata.items()}
+    scored = bool(per_stratum) and None not in per_stratum.values() and not gates_only
+    score = len(per_stratum) / sum(1 / v for v in per_stratum.values()) if scored else None
+    passed = bool(cases) and all(s != "fail" for s in statuses.values())
+    return {"gates": statuses, "skipped": skipped, "strata": per_stratum, "score": score,
+            "valid": passed and (gates_only or (not skipped and score is not None))}
+
+
+def judge(solution: Path, panel: str, baseline: Path, gates_only: bool, schedule: str, log=print) -> dict:
+    info = kh.select_device()
+    cases = kh.load_panel(panel)
+    policy = policy_gate(solution)
+    log(f"{info.message}\npolicy: {policy['status']}" + ("" if policy["status"] == "pass" else "\n    " + "\n    ".join(policy["evidence"][:10])))
+    log(HEADER)
+    judged = []
+    with tempfile.TemporaryDirectory(prefix="kloop-verifier-") as scratch:
+        for case in cases:
+            if gates_only:
+                roles = {"candidate": run_role_process(solution, case, schedule, False, Path(scratch))}
+            else:
+                roles = {"baseline_before": run_role_process(baseline, case, schedule, True, Path(scratch))}
+                roles["candidate"] = run_role_process(solution, case, schedule, True, Path(scratch))
+                if roles["candidate"].get("median_us") is not None:  # an untimed (failed) candidate needs no "after"
+                    roles["baseline_after"] = run_role_process(baseline, case, schedule, True, Path(scratch))
+            judged.append(judge_case(case, roles, policy, gates_only))
+            log(format_row(judged[-1]))
+    return {"solution": str(solution), "baseline": str(baseline), "panel": str(panel), "device": info.name, **provenance(),
+            "mode": "gates-only" if gates_only else "full", "schedule": schedule, "cases": judged,
+            **summarize(judged, gates_only)}
+
+
+def provenance() -> dict:
+    """The checkout's commit and dirty flag and the library versions, so a report says what judged what."""
+    def git(*args: str) -> str:
+        run = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        return run.stdout.strip() if run.returncode == 0 else ""
+
+    versions = {}
+    for name in ("torch", "triton"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain")),
+            "python": sys.version.split()[0], "versions": versions}
+
+
+HEADER = f"{'case':<26} {'stratum':<12} {'before_us':>10} {'cand_us':>10} {'after_us':>10} {'score':>7}  gates"
+
+
+def format_row(c: dict) -> str:
+    def num(value, fmt=".2f") -> str:
+        return "-" if value is None else format(value, fmt)
+
+    m = c["medians_us"]
+    verdict = "ok" if not c["failed"] else "FAIL " + ", ".join(c["failed"])
+    line = (f"{c['case']['name']:<26} {c['case']['stratum']:<12} {num(m.get('baseline_before')):>10} "
+            f"{num(m.get('candidate')):>10} {num(m.get('baseline_after')):>10} {num(c['score'], '.3f'):>7}  {verdict}")
+    for name in c["failed"]:
+        evidence = c["gates"][name]["evidence"]
+        line += f"\n    {name}: {str(evidence[0])[:400] if evidence else ''}"
+    return line
+
+
+def print_summary(report: dict) -> None:
+    for name, reason in report["skipped"].items():
+        print(f"skipped {name}: {reason}")
+    failed = [name for name, status in report["gates"].items() if status == "fail"]
+    print("gates: " + ("all passed" if not failed else "FAILED " + ", ".join(failed)))
+    if report["mode"] == "full":
+        strata = ", ".join(f"{name} {'-' if v is None else f'{v:.3f}'}" for name, v in report["strata"].items())
+        print(f"score by stratum (geomean): {strata}; score (harmonic mean): "
+              f"{'-' if report['score'] is None else format(report['score'], '.3f')}")
+    print("verdict: " + ("valid" if report["valid"] else "NOT valid"))
+
+
+# ----------------------------------------------------------------------------------------------------- sealed panels
+def make_panel(seed: int, per_stratum: int = PER_STRATUM) -> dict:
+    """Cases from the visible regimes, disjoint from the visible tuples and seeds, both epilogues in each stratum;
+    K * N at most the largest visible case's, so that no sealed case outgrows the visible memory and time."""
+    rng = random.Random(seed)
+    visible = kh.load_panel("visible")
+    taken = {(c.m, c.k, c.n, c.epilogue) for c in visible}
+    seeds = {c.seed for c in visible}
+    largest = max(c.k * c.n for c in visible)
+    cases = []
+    for stratum, (n_low, n_high) in N_BY_STRATUM.items():
+        epilogues = [kh.EPILOGUES[i % 2] for i in range(per_stratum)]
+        rng.shuffle(epilogues)
+        for epilogue in epilogues:
+            while True:
+                m, k = rng.randint(18, 32), 128 * rng.randint(K_RANGE[0] // 128, K_RANGE[1] // 128)
+                n = 256 * rng.randint(n_low // 256, n_high // 256)
+                if (m, k, n, epilogue) not in taken and k * n <= largest:
+                    break
+            case_seed = rng.randrange(10_000, 2**31)
+            while case_seed in seeds:
+                case_seed = rng.randrange(10_000, 2**31)
+            taken.add((m, k, n, epilogue))
+            seeds.add(case_seed)
+            cases.append(asdict(kh.Case(stratum, m, k, n, epilogue, case_seed)))
+    return {"note": f"sealed panel drawn with seed {seed}; never give it to the agent", "cases": cases}
+
+
+def make_panel_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m evals.verifier make-panel", description=make_panel.__doc__.split("\n")[0])
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--out", type=Path, help=f"default {PANEL_HOME}/sealed-<seed>.json (outside the repository)")
+    parser.add_argument("--per-stratum", type=int, default=PER_STRATUM)
+    args = parser.parse_args(argv)
+    out = (args.out or PANEL_HOME / f"sealed-{args.seed}.json").expanduser().resolve()
+    if any(out.is_relative_to(ROOT / name) for name in PROTECTED_DIRS):
+        print(f"make-panel: refusing to write {out}: the agent reads {', '.join(PROTECTED_DIRS)}/; "
+              f"write outside the repository (default {PANEL_HOME})", file=sys.stderr)
+        return 2
+    if args.per_stratum < 2:
+        parser.error("--per-stratum must be at least 2 (both epilogues in each stratum)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(make_panel(args.seed, args.per_stratum), indent=2) + "\n")
+    print(f"sealed panel: {out}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------- entry point
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["role"]:
+        return role_main(argv[1:])
+    if argv[:1] == ["make-panel"]:
+        return make_panel_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="python -m evals.verifier", description=__doc__.split("\n")[0])
+    parser.add_argument("--solution", required=True, help="solution directory, e.g. methods/main")
+    parser.add_argument("--panel", required=True, help="a panel JSON file (or visible, smoke)")
+    parser.add_argument("--baseline", default=str(V0_DIR), help="the yardstick (default methods/versions/v0)")
+    parser.add_argument("--json", type=Path, help="write the full report here")
+    parser.add_argument("--gates-only", action="store_true", help="every hard gate but the timing ones, quickly")
+    parser.add_argument("--schedule", choices=("spec", "smoke"), default="spec", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    try:
+        solution = resolve_solution_dir(args.solution)
+        baseline = resolve_solution_dir(args.baseline)
+        kh.load_panel(args.panel)
+    except (FileNotFoundError, ValueError) as exc:  # the user's paths, not the candidate's failure
+        print(f"verifier: {exc}", file=sys.stderr)
+        return 2
+    report = judge(solution, args.panel, baseline, args.gates_only, args.schedule, log=lambda line: print(line, flush=True))
+    print_summary(report)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    return 0 if report["valid"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

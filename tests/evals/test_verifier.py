@@ -1,0 +1,162 @@
+"""The sealed verifier as the lead runs it: real subprocesses, its table, its JSON report and its exit status."""
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from evals import gates, verifier
+from evals import kernel_harness as kh
+from tests.conftest import ROOT
+
+TINY = ("balanced", 18, 256, 256, "silu", 5)
+ROLE_GATES_RUN_ON_CPU = set(gates.ROLE_GATES) - set(gates.TIMING_GATES) - set(gates.CUDA_ONLY)
+
+
+def verify(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "evals.verifier", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=1800, env=env)
+
+
+def test_gates_only_on_the_smoke_panel_names_every_gate_with_evidence(tmp_path):
+    out = tmp_path / "report.json"
+    began = time.monotonic()
+    run = verify("--solution", "methods/versions/v0", "--panel", "smoke", "--gates-only", "--json", out)
+    wall_s = time.monotonic() - began
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(out.read_text())
+    assert report["valid"] and report["mode"] == "gates-only" and len(report["cases"]) == 4
+    for case in report["cases"]:
+        for name in ROLE_GATES_RUN_ON_CPU | {"policy", "coverage"}:
+            assert case["gates"][name]["status"] == "pass" and case["gates"][name]["evidence"], name
+        assert case["roles"]["candidate"]["calls"] > 4  # enough calls for lazily kept storage to show
+    expected_skips = set(gates.TIMING_GATES) | {"dispersion", "baseline_agreement"}
+    if not torch.cuda.is_available():
+        expected_skips |= set(gates.CUDA_ONLY)
+        assert "CUDA" in report["skipped"]["streams"]
+    assert set(report["skipped"]) == expected_skips
+    assert all(f"skipped {name}:" in run.stdout for name in expected_skips)
+    assert wall_s < 120  # the agent runs this on every attempt
+
+
+def test_the_full_pipeline_times_three_roles_and_scores_them(tmp_path, panel_file):
+    out = tmp_path / "report.json"
+    run = verify("--solution", "methods/versions/v0", "--panel", panel_file(TINY), "--schedule", "smoke", "--json", out)
+    report = json.loads(out.read_text())
+    case = report["cases"][0]
+    schedule = gates.SCHEDULES["smoke"]
+    for role in verifier.ROLES:
+        record = case["roles"][role]
+        assert len(record["times_us"]) == schedule.groups and record["median_us"] > 0
+        assert record["calls"] > schedule.calls and record["gates"]["schedule_outputs"]["status"] == "pass"
+    m = case["medians_us"]
+    assert case["ratio"] == pytest.approx(math.sqrt(m["baseline_before"] * m["baseline_after"]) / m["candidate"])
+    assert {"dispersion", "baseline_agreement"} <= set(case["gates"])
+    if not torch.cuda.is_available():  # interpreter timings are never a valid submission
+        assert run.returncode == 1 and not report["valid"] and "timing_sanity" in report["skipped"]
+    assert "before_us" in run.stdout and "verdict:" in run.stdout
+
+
+def role(times, median=None):
+    return {"gates": {name: {"status": "pass", "evidence": ["ok"]} for name in gates.ROLE_GATES},
+            "times_us": times, "median_us": median or sorted(times)[len(times) // 2]}
+
+
+def judged(stratum, before, candidate, after):
+    case = kh.Case(stratum, 20, 8192, 4096 if stratum == "balanced" else 1024, "silu", 1)
+    roles = {"baseline_before": role(before), "candidate": role(candidate), "baseline_after": role(after)}
+    return verifier.judge_case(case, roles, {"status": "pass", "evidence": ["clean"]}, gates_only=False)
+
+
+def test_scores_are_geomeans_per_stratum_and_a_harmonic_mean_across():
+    cases = [judged("balanced", [40.0] * 11, [20.0] * 11, [40.0] * 11), judged("balanced", [30.0] * 11, [30.0] * 11, [30.0] * 11),
+             judged("expert-batch", [10.0] * 11, [10.0] * 11, [10.0] * 11)]
+    summary = verifier.summarize(cases, gates_only=False)
+    assert summary["strata"]["balanced"] == pytest.approx(math.sqrt(2.0))
+    assert summary["score"] == pytest.approx(2 / (1 / math.sqrt(2.0) + 1))
+    assert summary["valid"]
+    drifting = judged("balanced", [40.0] * 11, [20.0] * 11, [50.0] * 11)  # baselines 1.25x apart
+    assert drifting["ratio"] == pytest.approx(math.sqrt(2000) / 20) and drifting["score"] is None
+    assert drifting["failed"] == ["baseline_agreement"]
+
+
+def test_one_stalled_group_fails_the_case_without_retry_or_trimming():
+    stalled = judged("balanced", [40.0] * 11, [20.0] * 10 + [23.1], [40.0] * 11)
+    assert stalled["failed"] == ["dispersion"] and "candidate max/min 1.155" in stalled["gates"]["dispersion"]["evidence"][0]
+    assert verifier.summarize([stalled], gates_only=False)["score"] is None
+
+
+def test_a_crashing_candidate_is_a_coverage_failure_not_a_crash(tmp_path, panel_file):
+    crash = tmp_path / "crash"
+    crash.mkdir()
+    (crash / "solution.py").write_text("import os\n\n\ndef build(qweight, scales, bias, epilogue):\n    os._exit(3)\n")
+    out = tmp_path / "report.json"
+    run = verify("--solution", crash, "--panel", panel_file(TINY), "--gates-only", "--json", out)
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    case = json.loads(out.read_text())["cases"][0]
+    assert {"coverage", "policy"} <= set(case["failed"])
+    assert case["roles"]["candidate"]["error"]["name"] == "RoleCrashed"
+
+
+def test_overlaps_finds_shared_storage_and_poison_marks_unwritten_memory():
+    base = torch.zeros(64, dtype=torch.float16)
+    found = gates.overlaps([("a", base[:32]), ("b", torch.zeros(8)), ("c", base[32:])])
+    assert found == ["c shares storage with a"]
+    shape = (18, 256)
+    hits = 0
+    for _ in range(4):
+        gates.poison_allocator(shape, torch.device("cpu"))
+        hits += int((torch.empty(shape, dtype=torch.float16).view(torch.int16) == gates.POISON_BITS).any())
+    assert hits >= 1
+
+
+def test_make_panel_draws_sealed_cases_outside_the_repository(tmp_path):
+    env = dict(os.environ, HOME=str(tmp_path))
+    run = verify("make-panel", "--seed", 17, env=env)
+    assert run.returncode == 0, run.stderr
+    path = tmp_path / ".kloop" / "panels" / "sealed-17.json"
+    cases = kh.load_panel(path)
+    visible = kh.load_panel("visible")
+    assert not {(c.m, c.k, c.n, c.epilogue) for c in cases} & {(c.m, c.k, c.n, c.epilogue) for c in visible}
+    assert not {c.seed for c in cases} & {c.seed for c in visible}
+    for stratum in ("balanced", "expert-batch"):
+        drawn = [c for c in cases if c.stratum == stratum]
+        assert len(drawn) == verifier.PER_STRATUM and {c.epilogue for c in drawn} == set(kh.EPILOGUES)
+        assert all((c.n >= 4096) if stratum == "balanced" else (c.n <= 2048) for c in drawn)
+    assert all(18 <= c.m <= 32 and 8192 <= c.k <= 28672 and c.k % 128 == 0 and c.n % 256 == 0 and c.n <= 28672 for c in cases)
+    assert json.loads(path.read_text()) == verifier.make_panel(17)  # reproducible from the seed alone
+    assert verifier.make_panel(18) != verifier.make_panel(17)
+
+
+@pytest.mark.parametrize("inside", ["methods/sealed.json", "workspace/panels/sealed.json"])
+def test_make_panel_refuses_the_agents_directories(inside):
+    run = verify("make-panel", "--seed", 3, "--out", ROOT / inside)
+    assert run.returncode == 2 and "refusing" in run.stderr and not (ROOT / inside).exists()
+
+
+def test_bad_paths_are_usage_errors(tmp_path):
+    run = verify("--solution", tmp_path / "missing", "--panel", "smoke")
+    assert run.returncode == 2 and "no solution.py" in run.stderr
+    run = verify("--solution", "methods/versions/v0", "--panel", tmp_path / "nope.json")
+    assert run.returncode == 2 and "no panel file" in run.stderr
+
+
+@pytest.mark.gpu
+def test_v0_against_itself_on_the_visible_panel_scores_one(tmp_path):
+    """SPEC.md's full schedule, 10 cases x 3 roles: every dispersion gate passes and v0 scores 1.00 +- 0.03."""
+    out = tmp_path / "v0-vs-v0.json"
+    began = time.monotonic()
+    run = verify("--solution", "methods/versions/v0", "--panel", "visible", "--json", out)
+    wall_s = time.monotonic() - began
+    report = json.loads(out.read_text())
+    print(run.stdout, f"wall {wall_s:.0f} s")
+    assert run.returncode == 0 and report["valid"], run.stdout
+    for case in report["cases"]:
+        assert case["gates"]["dispersion"]["status"] == "pass" and case["gates"]["baseline_agreement"]["status"] == "pass"
+        assert case["gates"]["timing_sanity"]["status"] == "pass"
+    assert report["score"] == pytest.approx(1.0, abs=0.03)
+    assert not report["skipped"]
