@@ -94,12 +94,13 @@ def load_panel(panel: str | os.PathLike) -> list[Case]:
     path = PANEL_NAMES.get(str(panel), Path(panel))
     if not path.is_file():
         raise FileNotFoundError(f"no panel file at {path}; give 'visible', 'smoke' or the path of a panel JSON")
-    data = json.loads(path.read_text())
-    rows = data["cases"] if isinstance(data, dict) else data
     try:
+        data = json.loads(path.read_text())
+        rows = data["cases"] if isinstance(data, dict) else data
         return [Case(**row) for row in rows]
-    except TypeError as exc:
-        raise ValueError(f"{path}: each case needs stratum, m, k, n, epilogue, seed ({exc})") from None
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: a panel is JSON {{\"cases\": [{{stratum, m, k, n, epilogue, seed}}, ...]}} "
+                         f"({type(exc).__name__}: {exc})") from None
 
 
 def case_dict(case: Case) -> dict:
@@ -278,8 +279,8 @@ class CheckResult:
 
 def check_output(out, ref: Reference, shape: tuple[int, int]) -> CheckResult:
     """Shape, dtype, contiguity, finiteness and agreement of ``out`` with the oracle."""
-    if not isinstance(out, torch.Tensor):
-        return CheckResult(False, f"output must be a torch.Tensor; got {type(out).__name__}")
+    if type(out) is not torch.Tensor:  # a subclass could override the very operations this check uses
+        return CheckResult(False, f"output must be a plain torch.Tensor; got {type(out).__module__}.{type(out).__qualname__}")
     if tuple(out.shape) != tuple(shape):
         return CheckResult(False, f"output shape must be {tuple(shape)}; got {tuple(out.shape)}")
     if out.dtype != torch.float16:

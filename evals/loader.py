@@ -28,10 +28,29 @@ def compiled_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.suffix in COMPILED_SUFFIXES)
 
 
-def load_solution(path: str | Path) -> ModuleType:
+class PolicyViolation(ImportError):
+    """The solution's source breaks the source policy (evals/policy.py); none of its code was run."""
+
+
+def policy_violations(directory: Path) -> list[str]:
+    from evals.policy import check_files
+
+    return [f"{Path(file).name}:{v.line}: [{v.rule}] {v.message}" for file, found in check_files([directory]).items() for v in found]
+
+
+def load_solution(path: str | Path, enforce_policy: bool = True) -> ModuleType:
     """Import ``solution.py`` of ``path`` under a unique package name, so helpers load with ``from . import x``
-    or ``import x`` and two solutions (candidate and baseline) never share module state."""
+    or ``import x`` and two solutions (candidate and baseline) never share module state.
+
+    With ``enforce_policy`` (the default) the source policy runs first and a violation raises PolicyViolation before
+    any candidate code runs. Only the verifier's role process passes False: its parent has run the policy already,
+    and the isolated role collects dynamic evidence against code that the policy rejected."""
     directory = resolve_solution_dir(path)
+    if enforce_policy:
+        found = policy_violations(directory)
+        if found:
+            raise PolicyViolation(f"the source policy rejects {directory.name}: " + "; ".join(found[:5])
+                                  + (f"; and {len(found) - 5} more" if len(found) > 5 else "") + " (python -m evals.policy shows why)")
     compiled = compiled_files(directory)
     if compiled:
         raise ImportError(f"{directory} holds compiled modules ({', '.join(p.name for p in compiled[:3])}); a solution is "

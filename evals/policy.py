@@ -94,6 +94,7 @@ ATTR_RULES = {name: rule for name, rule in MODULE_RULES.items() if name != "sele
     timer="Event synchronize elapsed_time sleep _sleep set_sync_debug_mode perf_counter perf_counter_ns monotonic "
           "monotonic_ns process_time time_ns do_bench do_bench_cudagraph globaltimer",
     file="open from_file load_library load_inline cpp_extension",
+    patch="as_subclass _make_subclass _make_wrapper_subclass",
     process="system popen Popen fork _dynamo _inductor",
     allocator="_C cudart caching_allocator_alloc caching_allocator_delete change_current_allocator MemPool "
               "use_mem_pool _record_memory_history CUDAPluggableAllocator",
@@ -107,7 +108,9 @@ ESCAPE_ATTRS = frozenset(
 
 # Builtins that reach code, namespaces or files; any reference counts, so that `run = eval` is caught too.
 BUILTIN_RULES = _by_rule(indirection="__import__ eval exec compile globals locals vars breakpoint getattr",
-                         file="open", patch="setattr delattr")
+                         file="open", patch="setattr delattr",
+                         # these end the evaluator's process or slip past its `except Exception` records
+                         process="exit quit SystemExit KeyboardInterrupt GeneratorExit BaseException")
 
 # Methods that make a class intercept every torch call, the evaluator's reference included.
 TORCH_HOOKS = frozenset(("__torch_function__", "__torch_dispatch__"))
@@ -289,8 +292,15 @@ class _Checker(ast.NodeVisitor):
             self._check_access(self.resolve(node), "", node)
 
     def _check_write(self, node: ast.Attribute | ast.Subscript) -> None:
-        if not isinstance(node.ctx, ast.Load) and self._rooted_in_shared_module(node.value):
+        if isinstance(node.ctx, ast.Load):
+            return
+        if self._rooted_in_shared_module(node.value):
             self.report("patch", node, f"assigning or deleting '{ast.unparse(node)}' patches a shared module")
+        elif isinstance(node, ast.Attribute) and not (isinstance(node.value, ast.Name) and node.value.id == "self"
+                                                      and not node.attr.startswith("__")):
+            # an object reached through a call, a subscript or a plain name may be torch itself (`f().isfinite = g`)
+            self.report("patch", node, f"assigning or deleting '{ast.unparse(node)}': a solution may set attributes "
+                                       "only on self (self.name = ...)")
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         reads = isinstance(node.ctx, ast.Load)
@@ -319,6 +329,14 @@ class _Checker(ast.NodeVisitor):
     def visit_MatchClass(self, node: ast.MatchClass) -> None:
         for name in node.kwd_attrs:  # `case object(__globals__=g)` reads an attribute by name
             self._check_access(set(), name, node)
+        self.generic_visit(node)
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        for base in node.bases:
+            for qualname in sorted(self.resolve(base)):
+                if qualname.split(".")[0] in ("torch", "triton") and qualname != "torch.nn.Module":
+                    self.report("patch", node, f"class '{node.name}' subclasses '{qualname}': a subclass can override "
+                                               "the very operations the evaluator checks outputs with")
         self.generic_visit(node)
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:

@@ -26,6 +26,7 @@ import torch
 
 from evals import kernel_harness as kh
 from evals.loader import load_solution, resolve_solution_dir, unload_solution
+from evals.selfcheck import CANDIDATE_ERRORS, error_record
 
 CACHE = Path.home() / ".cache" / "kloop" / "device_rates.json"
 PROFILED_CALLS = 20
@@ -167,8 +168,6 @@ def run_ncu(solution: Path, case: kh.Case) -> dict:
 
 
 def profile_case(solution: Path, case: kh.Case, device: torch.device, rates: dict | None, use_ncu: bool) -> CaseProfile:
-    from evals.selfcheck import error_record
-
     p = CaseProfile(case=kh.case_dict(case), bytes=case.bytes_moved(), flop=2 * case.m * case.k * case.n)
     if rates is None:
         p.bottleneck, p.evidence = "unknown", (f"no GPU: {p.bytes:,} bytes and {p.flop:,} FLOP per call; latency, "
@@ -194,7 +193,7 @@ def profile_case(solution: Path, case: kh.Case, device: torch.device, rates: dic
         if use_ncu:
             p.ncu = run_ncu(solution, case)
         p.bottleneck, p.evidence = label(p, torch.cuda.get_device_properties(device).multi_processor_count)
-    except Exception as exc:
+    except CANDIDATE_ERRORS as exc:
         p.error = error_record("profile", exc)
     finally:
         if module is not None:

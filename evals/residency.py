@@ -7,7 +7,11 @@ the guard's own tensors, after build, after the first call and after the whole c
 - total       everything the solution added <= K*N/2 + (K/128)*N*2 + max(8 MiB, 4*M*K + 8*M*N)
 - floating    fp16/bf16/fp32/fp64 storage, except one fp16 tensor of exact shape (K/128, N) or (N, K/128),
               <= 2*M*K + 4*M*N + 1 MiB; the two limits are separate, so unused int4 bytes cannot pay for floats
-- unpacked    no int8/uint8 tensor of K*N bytes or more, no fp16/bf16 tensor of 2*K*N bytes or more
+- unpacked    no int8/uint8 tensor of K*N bytes or more (nor any integer tensor: a label must not hide the codes),
+              no fp16/bf16 tensor of 2*K*N bytes or more
+- workspace   everything but one int4 repack (the largest integer storage of at most K*N/2 bytes) and the scale
+              copy <= the floating limit, whatever its dtype (stricter than the letter of SPEC.md, so that a buffer
+              cannot escape the floating limit by its label: outputs cached as int16, floats viewed as int32)
 
 Storage is found two ways: every tensor and storage object reachable by the garbage collector (grouped by dtype),
 and on CUDA the allocator's own count. Allocator bytes that no object explains (a raw allocation, a tensor held
@@ -26,11 +30,13 @@ import torch
 
 from evals import kernel_harness as kh
 from evals.loader import load_solution, resolve_solution_dir, unload_solution
+from evals.selfcheck import CANDIDATE_ERRORS, error_record
 
 MIB = 1 << 20
 FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-BYTE_CODES = (torch.int8, torch.uint8)
-HALF_FLOATS = (torch.float16, torch.bfloat16)
+FLOATING_NAMES = frozenset(str(d).removeprefix("torch.") for d in FLOATING)
+INTEGER_NAMES = frozenset(("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "bool"))
+HALF_FLOAT_NAMES = frozenset(("float16", "bfloat16"))
 ALLOCATOR_BLOCK = 512  # the CUDA caching allocator rounds every block up to this
 CALLS_CUDA = 16384 + 8192 + 11 * 512  # the verifier's calls per role
 CALLS_INTERPRETED = 24
@@ -63,7 +69,6 @@ def _dtype_name(dtype) -> str:
 def live_storages(device: torch.device) -> dict[int, Storage]:
     """Every storage on ``device`` that a Python object reaches, keyed by address. A storage seen through a tensor
     takes that tensor's dtype; a floating view wins, so an integer view cannot hide a float buffer."""
-    floating = {_dtype_name(d) for d in FLOATING}
     found: dict[int, Storage] = {}
     for obj in gc.get_objects():
         kind = type(obj)
@@ -82,7 +87,7 @@ def live_storages(device: torch.device) -> dict[int, Storage]:
             continue
         key = storage.data_ptr()
         seen = found.get(key)
-        if seen is None or seen.dtype == "untyped" or (dtype in floating and seen.dtype not in floating):
+        if seen is None or seen.dtype == "untyped" or (dtype in FLOATING_NAMES and seen.dtype not in FLOATING_NAMES):
             found[key] = Storage(storage.nbytes(), dtype, shape)
     return found
 
@@ -103,6 +108,7 @@ class Checkpoint:
     name: str
     total_bytes: int
     floating_bytes: int
+    workspace_bytes: int  # everything but the scale copy and the one int4 repack (the largest integer storage <= K*N/2)
     by_dtype: dict[str, int]
     unattributed_bytes: int
     scale_copy_exempt: list | None
@@ -126,10 +132,11 @@ def measure(name: str, before: dict[int, Storage], before_allocated: int | None,
     groups = case.k // kh.GROUP_SIZE
     scale_shapes = {(groups, case.n), (case.n, groups)}
     exempt = next((s for s in new if s.dtype == "float16" and s.shape in scale_shapes and s.nbytes == groups * case.n * 2), None)
-    floating_names = {_dtype_name(d) for d in FLOATING} | {"untyped"}
-    floating = sum(s.nbytes for s in new if s.dtype in floating_names and s is not exempt) + unattributed
+    floating = sum(s.nbytes for s in new if s.dtype in FLOATING_NAMES | {"untyped"} and s is not exempt) + unattributed
+    repack = max((s for s in new if s.dtype in INTEGER_NAMES and s.nbytes <= case.k * case.n // 2), key=lambda s: s.nbytes, default=None)
+    workspace = sum(s.nbytes for s in new if s is not exempt and s is not repack) + unattributed
     largest = sorted(new, key=lambda s: -s.nbytes)[:5]
-    point = Checkpoint(name, enumerated + unattributed, floating, by_dtype, unattributed,
+    point = Checkpoint(name, enumerated + unattributed, floating, workspace, by_dtype, unattributed,
                        None if exempt is None else list(exempt.shape), [asdict(s) for s in largest])
     point.violations = audit(point, new, Allowance.for_case(case.m, case.k, case.n))
     return point
@@ -148,10 +155,14 @@ def audit(point: Checkpoint, new: list[Storage], allowance: Allowance) -> list[d
     rule("floating", point.floating_bytes, allowance.floating,
          "retained floating-point storage (besides one (K/128, N) fp16 scale copy"
          + (f"; {point.unattributed_bytes:,} bytes unattributed" if point.unattributed_bytes else "") + ")")
+    # Stricter than the letter of the floating rule, so that a label cannot hide a buffer: outputs cached as int16
+    # or float scratch viewed as int32 count here whatever their dtype.
+    rule("workspace", point.workspace_bytes, allowance.floating,
+         "retained storage besides the one int4 repack and the scale copy, whatever its dtype")
     for s in new:
-        if s.dtype in {_dtype_name(d) for d in BYTE_CODES}:
+        if s.dtype in INTEGER_NAMES:  # the int4 repack is K*N/2 bytes; K*N is a code a byte, however it is labelled
             rule("unpacked-int8", s.nbytes, allowance.byte_codes - 1, f"a full unpacked code tensor ({s.dtype} {s.shape})")
-        if s.dtype in {_dtype_name(d) for d in HALF_FLOATS}:
+        if s.dtype in HALF_FLOAT_NAMES:
             rule("unpacked-dense", s.nbytes, allowance.half_floats - 1, f"a full dequantized weight ({s.dtype} {s.shape})")
     return broken
 
@@ -166,8 +177,6 @@ class CaseResidency:
 
 
 def guard_case(solution: Path, case: kh.Case, device: torch.device, calls: int) -> CaseResidency:
-    from evals.selfcheck import error_record
-
     result = CaseResidency(case=kh.case_dict(case), calls=calls)
     tensors = kh.generate(case, "normal", device)
     inputs = kh.make_inputs(case, 64 if device.type == "cuda" else 2, seed=2, device=device)
@@ -188,7 +197,7 @@ def guard_case(solution: Path, case: kh.Case, device: torch.device, calls: int) 
             fn(*inputs[i % len(inputs)])
         result.checkpoints.append(measure(f"{calls} calls", before, before_allocated, device, case))
         result.ok = not any(point.violations for point in result.checkpoints)
-    except Exception as exc:
+    except CANDIDATE_ERRORS as exc:
         result.error = error_record(stage, exc)
     finally:
         if module is not None:

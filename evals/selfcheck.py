@@ -21,6 +21,9 @@ from evals.loader import load_solution, resolve_solution_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 V0_DIR = ROOT / "methods" / "versions" / "v0"
+# what candidate code may raise that must become a record: SystemExit too (exit(0) must not end the evaluator
+# with status 0); KeyboardInterrupt stays a person's Ctrl-C
+CANDIDATE_ERRORS = (Exception, SystemExit, GeneratorExit)
 
 
 @dataclass
@@ -99,6 +102,11 @@ def evaluate_case(module, baseline, case, device, plan: TimingPlan, copy_gbps: f
         for _ in range(plan.groups):  # alternate groups so that drift hits both alike
             cand_times += kh.time_groups(fn, inputs, 1, plan.calls_per_group, plan.warmup if not cand_times else 0)
             base_times += kh.time_groups(base_fn, inputs, 1, plan.calls_per_group, plan.warmup if not base_times else 0)
+        stage = "correctness (after timing)"  # a solution honest only for its first calls fails here
+        x, residual = kh.make_inputs(case, 1, seed=9, device=device)[0]
+        ref = kh.reference(x, weights.qweight, weights.scales, weights.bias, residual, case.epilogue)
+        result.checks["after_timing"] = kh.check_output(fn(x, residual), ref, (case.m, case.n)).to_dict()
+        result.correct = result.checks["after_timing"]["ok"]
         result.times_us = cand_times
         result.median_us = sorted(cand_times)[len(cand_times) // 2]
         result.baseline_median_us = sorted(base_times)[len(base_times) // 2]
@@ -106,7 +114,7 @@ def evaluate_case(module, baseline, case, device, plan: TimingPlan, copy_gbps: f
         result.gbps = result.bytes / result.median_us / 1e3
         if copy_gbps:
             result.roofline_fraction = result.gbps / copy_gbps
-    except Exception as exc:  # a bad candidate is a result, never a crash of the evaluator
+    except CANDIDATE_ERRORS as exc:  # a bad candidate is a result, never a crash of the evaluator
         result.correct = False
         result.error = error_record(stage, exc)
     return result
@@ -125,7 +133,7 @@ def run(solution: Path, panel: str, baseline_dir: Path = V0_DIR, log=print) -> d
     baseline = load_solution(baseline_dir)
     try:
         module = load_solution(solution)
-    except Exception as exc:
+    except CANDIDATE_ERRORS as exc:
         failure = error_record("load", exc)
         results = [CaseResult(case=kh.case_dict(case), bytes=case.bytes_moved(), error=failure) for case in cases]
     else:

@@ -207,12 +207,17 @@ def test_tolerance_rejects_fp16_accumulation_on_adversarial_inputs():
         assert not result.ok and "not finite" in result.message, result.message
 
 
+class OutputSubclass(torch.Tensor):
+    """A subclass could override the operations the check itself uses; it is refused whatever it does."""
+
+
 @pytest.mark.parametrize("bad, message", [
     (lambda out: out.float(), "dtype"),
     (lambda out: out[:, :-1], "shape"),
     (lambda out: out.t().contiguous().t(), "contiguous"),
     (lambda out: out.clone().fill_(float("nan")), "not finite"),
     (lambda out: [out], "torch.Tensor"),
+    (lambda out: out.as_subclass(OutputSubclass), "plain torch.Tensor"),
 ])
 def test_check_output_names_the_structural_fault(bad, message):
     case = SMOKE[0]
@@ -237,6 +242,9 @@ def test_panels_hold_the_spec_cases():
     assert all(18 <= c.m <= 32 and 256 <= c.k <= 1024 and 256 <= c.n <= 512 for c in SMOKE)
 
 
-def test_load_panel_explains_a_bad_path(tmp_path):
+def test_load_panel_explains_a_bad_path_or_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="visible"):
         kh.load_panel(tmp_path / "nope.json")
+    (tmp_path / "bad.json").write_text('{"rows": []}')
+    with pytest.raises(ValueError, match="a panel is JSON"):
+        kh.load_panel(tmp_path / "bad.json")

@@ -112,6 +112,17 @@ FORBIDDEN = [
     ("from torch.cuda import *", "import"),
     ("from .. import evals", "import"),
     ("from . import tiles", "import"),
+    # found in review: a tensor subclass fools the numeric checks; a call result may be torch itself
+    ("import torch\nclass Out(torch.Tensor):\n    pass", "patch"),
+    ("import torch as t\nT = t.Tensor\nclass Out(T):\n    pass", "patch"),
+    ("y = x.as_subclass(Out)", "patch"),
+    ("import torch\ndef shared():\n    return torch\nshared().isfinite = None", "patch"),
+    ("import torch\n[torch][0].isfinite = None", "patch"),
+    ("import torch\nt = [torch][0]\nt.isfinite = None", "patch"),
+    ("class A:\n    def f(self):\n        self.__class__ = None", "patch"),
+    ("raise SystemExit(0)", "process"),
+    ("exit(0)", "process"),
+    ("class Stop(BaseException):\n    pass", "process"),
     ("def f(:", "syntax"),
     ("x = " + "a." * 100000 + "b", "syntax"),
     ("x = '\0'\0", "syntax"),
@@ -196,6 +207,11 @@ def build(qweight, scales, bias, epilogue):
 
 def test_allowed_constructs_are_clean():
     assert check_source(ALLOWED) == []
+
+
+def test_attributes_may_be_set_on_self():
+    source = "class Plan:\n    def __init__(self, n):\n        self.n = n\n        self.cache = {}\n        self.cache[n] = 1\n"
+    assert check_source(source) == []
 
 
 def test_v0_solution_is_clean():

@@ -39,6 +39,8 @@ def test_honest_solutions_pass(solution, tmp_path, panel_file, redteam_solution)
     ("keep_int8_codes", "unpacked-int8", "build"),
     ("oversized_fp32_buffer", "floating", "build"),
     ("lazy_dense_weight", "unpacked-dense", "8 calls"),
+    ("int8_codes_as_int32", "unpacked-int8", "build"),
+    ("outputs_cached_as_int16", "workspace", "build"),
 ])
 def test_cheats_break_the_rule_meant_for_them(solution, rule, checkpoint, tmp_path, panel_file, redteam_solution):
     run, report = guard(redteam_solution(solution), panel_file(CASE), tmp_path)

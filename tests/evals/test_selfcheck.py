@@ -47,6 +47,28 @@ def test_a_wrong_answer_fails_with_the_worst_element(tmp_path, panel_file, redte
     assert "FAIL" in run.stdout and "outside the fp32 bound" in run.stdout
 
 
+def test_a_solution_that_degrades_after_its_first_calls_fails_after_timing(tmp_path, panel_file, redteam_solution):
+    solution = redteam_solution("degrades_after_warmup")
+    text = (solution / "solution.py").read_text().replace("HONEST_CALLS = 34", "HONEST_CALLS = 3")
+    (solution / "solution.py").write_text(text)
+    out = tmp_path / "report.json"
+    run = selfcheck("--solution", str(solution), "--panel", str(panel_file(("balanced", 18, 256, 256, "silu", 1))), "--json", str(out))
+    assert run.returncode == 1, run.stdout
+    case = json.loads(out.read_text())["cases"][0]
+    assert case["checks"]["normal"]["ok"] and not case["checks"]["after_timing"]["ok"] and not case["correct"]
+
+
+def test_a_policy_violation_runs_no_candidate_code_and_exit_zero_is_a_failure(tmp_path, panel_file):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "solution.py").write_text("raise SystemExit(0)\n")
+    out = tmp_path / "report.json"
+    run = selfcheck("--solution", str(bad), "--panel", str(panel_file(("balanced", 18, 256, 256, "silu", 1))), "--json", str(out))
+    assert run.returncode == 1
+    error = json.loads(out.read_text())["cases"][0]["error"]
+    assert error["name"] == "PolicyViolation" and "[process]" in error["message"]
+
+
 def test_bad_paths_are_usage_errors(tmp_path):
     run = selfcheck("--solution", str(tmp_path / "missing"), "--panel", "smoke")
     assert run.returncode == 2 and "no solution.py" in run.stderr
