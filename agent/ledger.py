@@ -39,7 +39,8 @@ def solution_sha256(directory: Path) -> str:
 
 
 def solution_files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.glob("*.py") if p.is_file())
+    """The solution's .py files; a symlink is never one (copying it would copy whatever it points at)."""
+    return sorted(p for p in directory.glob("*.py") if p.is_file() and not p.is_symlink())
 
 
 def unified_patch(parent: Path | None, child: Path, label: str) -> str:

@@ -6,27 +6,21 @@ run resumes where it stopped and the best-so-far is always on record.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from string import Template
 
 from agent import ledger
 from agent.config import RunConfig, Task
 from agent.display import Display
 from agent.evaluate import Evaluator
 from agent.exceptions import LimitsExceeded, ProposerError, Submitted
+from agent.prompts import render
 from agent.proposers import IterationContext, Proposer
 from agent.tools import Tools, profile_text
 from agent.workspace import RunState, Workspace, replace_solution
-
-PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
-
-
-def render(name: str, **values: object) -> str:
-    """A prompt file with its placeholders filled; a missing value is a KeyError, never an empty string."""
-    return Template((PROMPTS / f"{name}.md").read_text()).substitute(values)
 
 
 def fmt(value: float | None) -> str:
@@ -91,8 +85,7 @@ class Run:
         last = self.state.last_verdict
         values = dict(spec=(self.task.root / self.task.spec).read_text(), run_id=self.state.run_id, iteration=iteration,
                       iters=self.config.iters, best_label=self.state.best_label, best_score=fmt(self.state.best_score),
-                      timing_note="CUDA events on the GPU" if self.config.cuda else
-                      "no GPU: Triton-interpreter wall times on the smoke panel, not GPU timings",
+                      timing_note=render("timing_gpu" if self.config.cuda else "timing_interpreter"),
                       solution=(self.tools.candidate / "solution.py").read_text())
         feedback = dict(ledger_rows="\n".join(ledger.rows(self.task)[-15:]) or "(none yet)",
                         last_verdict=json.dumps(last, indent=1)[:3000] if last else "(none yet)",
@@ -122,8 +115,9 @@ class Run:
 
     def attempt(self, iteration: int, summary: str, hypothesis: str, context: IterationContext, propose_s: float) -> None:
         started = time.monotonic()
-        evaluator = Evaluator(self.task, self.config.panel, self.config.cuda,
-                              self.workspace.state_dir / "attempts" / f"{iteration:03d}")
+        # a directory of its own per evaluation: a killed run's evaluator children may still write to theirs on --resume
+        name = f"{iteration:03d}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{os.urandom(3).hex()}"
+        evaluator = Evaluator(self.task, self.config.panel, self.config.cuda, self.workspace.state_dir / "attempts" / name)
         verdict = evaluator.evaluate(self.tools.candidate, self.best_dir, self.state.best_is_baseline, self.config.full_check)
         if verdict["keep"]:
             decision = f"keep ({verdict['speedup_over_best']:.3f}x best, noise {verdict['noise']:.3f})"

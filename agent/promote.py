@@ -1,8 +1,8 @@
 """Promotion by hand: `python -m agent promote vN [--force]` (make promote V=N).
 
 Re-runs the gates, the selfcheck and the full residency guard on vN, refuses with the reason when any fails (unless
---force, which the ledger records), copies vN's files into methods/main/ and appends a promotion row. It never
-changes methods/versions/.
+--force, which the ledger records), copies vN's files into methods/main/ and appends a promotion row (first cell
+`promote vN`). It never changes methods/versions/.
 """
 from __future__ import annotations
 
@@ -49,8 +49,10 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
         return "-" if value is None else f"{value:.3f}"
 
     forced = f" (forced past {verdict['failed_stage']}: {verdict['note'][:120]})" if not verdict["valid"] else ""
-    row = {"version": version, "time (UTC)": f"{stamp:%Y-%m-%d %H:%M:%S}", "run": "promotion", "backend/model": "by hand",
-           "parent": parent, "summary / hypothesis": f"promoted {version} to {task.candidate_dir}{forced}",
+    # "promote vN", not "vN": the row records no new version, so ledger.rows() (the attempts) never counts it
+    row = {"version": f"promote {version}", "time (UTC)": f"{stamp:%Y-%m-%d %H:%M:%S}", "run": "promotion",
+           "backend/model": "by hand", "parent": parent,
+           "summary / hypothesis": f"promoted {version} to {task.candidate_dir}{forced}",
            "correct": {True: "yes", False: "no", None: "-"}[verdict["correct"]], "residency": verdict["residency"] or "-",
            "balanced": fmt(strata.get("balanced")), "expert-batch": fmt(strata.get("expert-batch")),
            "score": fmt(verdict["score"]), "decision": "promoted (forced)" if forced else "promoted",

@@ -7,6 +7,7 @@ the candidate solution directory. Evaluator internals and panels are out of reac
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -14,10 +15,18 @@ from typing import Any
 from agent.config import Task
 from agent.evaluate import Evaluator
 from agent.exceptions import FormatError, Submitted
+from agent.ledger import solution_files
 
 SPEC_NAMES = ("spec", "task_spec.md", "prompts/task_spec.md")
-BLOCK = re.compile(r"(?:^(?P<path>[^\n<>=]+?)\s*\n)?<<<<<<< SEARCH\n(?P<search>.*?)\n?=======\n(?P<replace>.*?)\n?>>>>>>> REPLACE",
-                   re.S | re.M)
+# An optional line naming the file (it must end in .py, so a ``` fence line is never taken for one), then the block.
+BLOCK = re.compile(r"(?:^[ \t]*(?P<path>[^\s<>=`]+\.py)[ \t]*\n)?<<<<<<< SEARCH\n(?P<search>.*?)\n?=======\n"
+                   r"(?P<replace>.*?)\n?>>>>>>> REPLACE", re.S | re.M)
+# git diff headers that copy, rename, re-mode, symlink or binary-patch a file: each could bring in or point at a file
+# from outside the candidate (evaluator source, a sealed panel), so a patch carrying one is refused whole.
+REFUSED_HEADERS = re.compile(r"^(copy from|copy to|rename from|rename to|old mode|new mode|new file mode 120000|"
+                             r"deleted file mode 120000|GIT binary patch|Binary files)", re.M)
+# What a tool implementation may raise on bad input (a lone surrogate, git apply timing out): answered, never fatal.
+TOOL_ERRORS = (OSError, ValueError, UnicodeError, subprocess.SubprocessError)
 
 SPECS: list[dict] = [
     {"name": "read_file", "description": "Read a file: the task spec ('spec'), methods/experiment_log.md (the ledger), "
@@ -25,7 +34,8 @@ SPECS: list[dict] = [
      "parameters": {"path": {"type": "string"}}},
     {"name": "write_file", "description": "Replace a .py file of the candidate solution directory (methods/main/).",
      "parameters": {"path": {"type": "string"}, "content": {"type": "string"}}},
-    {"name": "apply_patch", "description": "Edit the candidate with a unified diff, or with search/replace blocks: "
+    {"name": "apply_patch", "description": "Edit the candidate with a unified diff of file contents (no renames, "
+     "copies, mode changes, symlinks or binary patches), or with search/replace blocks: "
      "'<<<<<<< SEARCH\\n<exact old text>\\n=======\\n<new text>\\n>>>>>>> REPLACE' (optionally preceded by a line "
      "naming the file; default solution.py).", "parameters": {"patch": {"type": "string"}}},
     {"name": "run_selfcheck", "description": "Correctness (normal and adversarial inputs), latency and speedup over v0 "
@@ -55,14 +65,18 @@ class Tools:
         self.candidate = worktree / task.candidate_dir
 
     def call(self, name: str, arguments: Any) -> dict:
-        """Dispatch a tool call by name; an unknown tool or wrong arguments is a FormatError."""
+        """Dispatch a tool call by name; an unknown tool or wrong arguments is a FormatError. A tool that fails on its
+        input (a write that cannot be encoded, git apply timing out) answers with returncode 1 and never ends the run."""
         spec = next((s for s in SPECS if s["name"] == name), None)
         if spec is None:
             raise FormatError(f"unknown tool {name!r}; the tools are {', '.join(s['name'] for s in SPECS)}")
         if not isinstance(arguments, dict) or set(arguments) != set(spec["parameters"]) or \
                 not all(isinstance(v, str) for v in arguments.values()):
             raise FormatError(f"{name} takes string arguments {sorted(spec['parameters'])}; got {arguments!r}"[:500])
-        return getattr(self, name)(**arguments)
+        try:
+            return getattr(self, name)(**arguments)
+        except TOOL_ERRORS as exc:
+            return result(f"{name} failed: {type(exc).__name__}: {exc}", 1)
 
     def _readable(self, path: str) -> Path:
         if path.strip() in SPEC_NAMES:
@@ -105,7 +119,7 @@ class Tools:
             target = self._writable(path)
         except PermissionError as exc:
             return result(str(exc), 1)
-        target.write_text(content)
+        target.write_bytes(content.encode())  # encoded first: content that cannot be written leaves the file as it was
         return result(f"wrote {len(content)} characters to {self.task.candidate_dir}/{target.name}")
 
     def apply_patch(self, patch: str) -> dict:
@@ -121,30 +135,72 @@ class Tools:
         edits: dict[Path, str] = {}
         for number, block in enumerate(blocks, 1):
             target = self._writable(block["path"] or "solution.py")
-            text = edits.get(target) or (target.read_text() if target.is_file() else "")
+            text = edits[target] if target in edits else (target.read_text() if target.is_file() else "")
             count = text.count(block["search"])
             if count != 1:
                 first = block["search"].strip().splitlines()[0] if block["search"].strip() else "(empty)"
                 where = "not found" if count == 0 else f"found {count} times (add context to make it unique)"
                 return result(f"block {number} ({target.name}): search text {where}; it begins {first!r}. Nothing was changed.", 1)
             edits[target] = text.replace(block["search"], block["replace"], 1)
-        for target, text in edits.items():
-            target.write_text(text)
+        encoded = {target: text.encode() for target, text in edits.items()}  # all or nothing
+        for target, data in encoded.items():
+            target.write_bytes(data)
         return result(f"applied {len(blocks)} block(s) to {', '.join(sorted(t.name for t in edits))}")
 
     def _git_apply(self, patch: str) -> dict:
-        paths = [p.split("\t")[0] for p in re.findall(r"^(?:\+\+\+|---) (?:[ab]/)?(\S+)", patch, re.M) if p != "/dev/null"]
-        if not paths:
+        """Apply a unified diff with git, only after every path it would write is a .py file of the candidate."""
+        names = [line.split("\t")[0].strip() for line in re.findall(r"^(?:\+\+\+|---) (.+)$", patch, re.M)]
+        names = [n for n in names if n != "/dev/null"]
+        if not names:
             return result("not a unified diff (no ---/+++ headers) and no search/replace blocks", 1)
-        inside = all(p.startswith(self.task.candidate_dir + "/") for p in paths)
-        for p in paths:
-            self._writable(p if inside else f"{self.task.candidate_dir}/{p}")
-        args = ["git", "apply", "--verbose", "--recount"] + ([] if inside else [f"--directory={self.task.candidate_dir}"])
-        if not re.search(r"^--- a/", patch, re.M):
-            args.append("-p0")
-        done = subprocess.run(args, cwd=self.worktree, input=patch if patch.endswith("\n") else patch + "\n",
-                              capture_output=True, text=True, timeout=60)
+        refused = sorted({m.group(1) for m in REFUSED_HEADERS.finditer(patch)})
+        if refused:
+            return result(f"patch refused: it has {', '.join(repr(h) for h in refused)} header(s); copies, renames, "
+                          "mode changes, symlinks and binary patches are not allowed. Edit file contents only. "
+                          "Nothing was changed.", 1)
+        prefixed = [n.startswith(("a/", "b/")) for n in names]
+        if any(prefixed) and not all(prefixed):
+            return result("patch refused: its ---/+++ paths mix a/ and b/ prefixes with bare paths; use a/ and b/ on "
+                          "all of them or on none. Nothing was changed.", 1)
+        strip = 1 if all(prefixed) else 0
+        inside = all(n.split("/", strip)[-1].startswith(self.task.candidate_dir + "/") for n in names)
+        args = ["git", "apply", "--recount", f"-p{strip}"] + ([] if inside else [f"--directory={self.task.candidate_dir}"])
+        text = patch if patch.endswith("\n") else patch + "\n"
+        listed = subprocess.run(args + ["--numstat", "-z"], cwd=self.worktree, input=text, capture_output=True,
+                                text=True, timeout=60)
+        if listed.returncode:
+            return result(listed.stderr.strip() or "git apply could not read the patch", listed.returncode)
+        for entry in filter(None, listed.stdout.split("\0")):
+            self._patch_target(entry.split("\t", 2)[-1])
+        before = {p.name for p in self.candidate.iterdir()}
+        saved = {p.name: p.read_bytes() for p in solution_files(self.candidate)}
+        done = subprocess.run(args + ["--verbose"], cwd=self.worktree, input=text, capture_output=True, text=True,
+                              timeout=60)
+        stray = [p.name for p in self.candidate.iterdir()
+                 if p.is_symlink() or (p.name not in before and not (p.is_file() and p.suffix == ".py"))]
+        if stray:
+            self._restore(before, saved)
+            return result(f"patch refused: it made {', '.join(sorted(stray))} in {self.task.candidate_dir}/, which "
+                          "may hold only .py files (no symlinks). Nothing was changed.", 1)
         return result((done.stdout + done.stderr).strip() or "applied", done.returncode)
+
+    def _patch_target(self, path: str) -> Path:
+        """A path as git apply would write it (relative to the worktree): a .py file directly in the candidate."""
+        if not path or Path(path).parent != Path(self.task.candidate_dir):
+            raise PermissionError(f"patch refused: it would write {path or '(a renamed file)'!r}; only .py files "
+                                  f"directly in {self.task.candidate_dir}/ (the candidate solution) may be written. "
+                                  "Nothing was changed.")
+        return self._writable(path)
+
+    def _restore(self, names: set[str], saved: dict[str, bytes]) -> None:
+        """Put the candidate back as it was before a refused patch: new entries removed, .py contents restored."""
+        for path in self.candidate.iterdir():
+            if path.is_dir() and not path.is_symlink() and path.name not in names:
+                shutil.rmtree(path)
+            elif path.is_symlink() or path.name not in names:
+                path.unlink()
+        for name, data in saved.items():
+            (self.candidate / name).write_bytes(data)
 
     def run_selfcheck(self) -> dict:
         stage = self.evaluator.selfcheck(self.candidate)

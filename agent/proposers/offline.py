@@ -110,12 +110,13 @@ class OfflineProposer:
     label = "offline"
 
     def iterate(self, context: IterationContext, tools: Tools) -> None:
-        read = tools.read_file("methods/main/solution.py")
+        solution = f"{tools.task.candidate_dir}/solution.py"
+        read = tools.read_file(solution)
         if read["returncode"]:
             raise ProposerError(read["output"])
         source = read["output"]
         table = find_table(source)
-        ledger = tools.read_file("methods/experiment_log.md")["output"]
+        ledger = tools.read_file(tools.task.ledger)["output"]
         tried = {parse_row(line).get("sha256") for line in ledger.splitlines() if line.startswith("| v")}
         tried |= {_sha(source), _sha(table.render(source, {}))}  # the start, as written and as rendered
         order, direction = knob_order(table.entries, context.profile)
@@ -131,7 +132,7 @@ class OfflineProposer:
                 continue
             reason = REASONS.get((knob, +1 if value > current else -1), "explore the neighbouring value")
             config = ", ".join(f"{k}={_literal(v)}" for k, v in dict(table.entries, **{knob: value}).items())
-            tools.write_file("methods/main/solution.py", proposal)
+            tools.write_file(solution, proposal)
             tools.submit(f"{knob} {current}->{value}", f"{reason} (config: {config})")
         raise LimitsExceeded("the offline search has tried every single-knob neighbour of the best configuration")
 

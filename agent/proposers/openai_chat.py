@@ -10,17 +10,15 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from string import Template
 
 import openai
 from openai.types.chat import ChatCompletion
 
 from agent.exceptions import FormatError, ProposerError
+from agent.prompts import render
 from agent.proposers import IterationContext
 from agent.tools import SPECS, Tools, openai_tools
 
-PROMPTS = Path(__file__).resolve().parent.parent.parent / "prompts"
 # USD per million (prompt, completion) tokens; KLOOP_PRICE_PER_MTOK="in,out" overrides (local servers: "0,0").
 PRICES: dict[str, tuple[float, float]] = {
     "gpt-4o": (2.5, 10.0), "gpt-4o-mini": (0.15, 0.6), "gpt-4.1": (2.0, 8.0), "gpt-4.1-mini": (0.4, 1.6),
@@ -33,11 +31,19 @@ class BadResponse(Exception):
 
 
 def price(model: str) -> tuple[float, float]:
-    override = os.environ.get("KLOOP_PRICE_PER_MTOK")
-    if override:
+    """USD per million (prompt, completion) tokens: KLOOP_PRICE_PER_MTOK when set, else the table's."""
+    override = os.environ.get("KLOOP_PRICE_PER_MTOK", "").strip()
+    if not override:
+        return PRICES.get(model, PRICES["default"])
+    try:
         prompt, completion = (float(part) for part in override.split(","))
-        return prompt, completion
-    return PRICES.get(model, PRICES["default"])
+        valid = prompt >= 0 and completion >= 0  # False for nan too
+    except ValueError:  # not two numbers
+        valid = False
+    if not valid:
+        raise ValueError(f"KLOOP_PRICE_PER_MTOK={override!r}: expected 'in,out', two non-negative USD prices per "
+                         "million prompt and completion tokens, such as '2.5,10' (or '0,0' for a local server)")
+    return prompt, completion
 
 
 @dataclass
@@ -49,7 +55,8 @@ class OpenAIConfig:
     api_key: str = "none"
     """OPENAI_API_KEY; local servers accept any value."""
     max_steps: int = 24
-    """Tool calls per iteration before the candidate is submitted as it stands."""
+    """Model replies (one tool call each, as the prompt asks) per iteration; when they run out without a submit, the
+    iteration ends with ProposerError and the loop evaluates and records the candidate as a "no submit" attempt."""
     context_budget_tokens: int = 48_000
     """Estimated tokens (characters / 4) the conversation may hold; older tool exchanges are dropped beyond it."""
     retries: int = 6
@@ -64,6 +71,7 @@ class OpenAIProposer:
         self.config = config
         self.label = f"openai/{config.model}"
         self.max_steps = config.max_steps
+        self.prices = price(config.model)  # read once: a malformed KLOOP_PRICE_PER_MTOK fails here, not mid-run
         self.client = openai.OpenAI(base_url=config.base_url, api_key=config.api_key, max_retries=0,
                                     timeout=config.request_timeout_s)
 
@@ -109,13 +117,7 @@ class OpenAIProposer:
                                                                tools=openai_tools(), tool_choice="auto")
                 if not isinstance(response, ChatCompletion) or not response.choices or response.choices[0].message is None:
                     raise BadResponse(f"not a chat completion with choices: {str(response)[:200]!r}")
-                if response.usage:
-                    prompt_price, completion_price = price(self.config.model)
-                    context.usage.prompt_tokens += response.usage.prompt_tokens or 0
-                    context.usage.completion_tokens += response.usage.completion_tokens or 0
-                    context.usage.cost_usd += ((response.usage.prompt_tokens or 0) * prompt_price
-                                               + (response.usage.completion_tokens or 0) * completion_price) / 1e6
-                return response.choices[0].message
+                break
             except (openai.RateLimitError, openai.InternalServerError, openai.APITimeoutError, openai.APIConnectionError,
                     openai.APIResponseValidationError, BadResponse, ValueError) as exc:
                 error: Exception = exc
@@ -126,12 +128,19 @@ class OpenAIProposer:
             if attempt < self.config.retries:
                 time.sleep(min(delay, 60.0))
                 delay *= 2
-        raise ProposerError(f"the endpoint failed {self.config.retries + 1} times; last error: {error}")
+        else:
+            raise ProposerError(f"the endpoint failed {self.config.retries + 1} times; last error: {error}")
+        if response.usage:
+            prompt_price, completion_price = self.prices
+            context.usage.prompt_tokens += response.usage.prompt_tokens or 0
+            context.usage.completion_tokens += response.usage.completion_tokens or 0
+            context.usage.cost_usd += ((response.usage.prompt_tokens or 0) * prompt_price
+                                       + (response.usage.completion_tokens or 0) * completion_price) / 1e6
+        return response.choices[0].message
 
 
 def format_error(error: str) -> str:
-    template = Template((PROMPTS / "format_error.md").read_text())
-    return template.substitute(error=error, tools=", ".join(s["name"] for s in SPECS))
+    return render("format_error", error=error, tools=", ".join(s["name"] for s in SPECS))
 
 
 def trim(messages: list[dict], budget_tokens: int) -> list[dict]:
@@ -150,5 +159,5 @@ def trim(messages: list[dict], budget_tokens: int) -> list[dict]:
     while len(turns) > 1 and size(head + [m for t in turns for m in t]) > budget_tokens:
         turns.pop(0)
         dropped += 1
-    note = [{"role": "user", "content": f"[{dropped} earlier tool exchanges were trimmed to fit the context]"}] if dropped else []
+    note = [{"role": "user", "content": render("trimmed", dropped=dropped)}] if dropped else []
     return head + note + [m for t in turns for m in t]

@@ -51,11 +51,15 @@ def test_raising_and_hanging_and_forbidden_candidates_are_recorded(project: Path
 
 
 def test_a_candidate_that_kills_its_process_is_recorded(project: Path, panel: Path):
-    # The policy (also run inside the verifier's gates) would stop this candidate before it runs; a task whose policy
-    # stand-in passes everything, without the gates stage, lets the crash reach the selfcheck process: it dies of SIGKILL.
+    # The policy (run by the policy stage, inside the verifier's gates and by the evaluator's loader before any
+    # candidate code) would stop this candidate before it runs. A task whose policy stand-in passes everything, without
+    # the gates stage, and whose selfcheck is the real one with the loader's policy check off, lets the crash reach the
+    # selfcheck process: it dies of SIGKILL.
     clean = "import json, sys; json.dump({'clean': True, 'files': {}}, open(sys.argv[sys.argv.index('--json') + 1], 'w'))"
+    selfcheck = ("import runpy, evals.loader as loader; loader.load_solution.__defaults__ = (False,); "
+                 "runpy.run_module('evals.selfcheck', run_name='__main__')")
     task = project.parent / "task.json"
-    task.write_text(json.dumps({"policy_cmd": ["-c", clean], "gates_module": ""}))
+    task.write_text(json.dumps({"policy_cmd": ["-c", clean], "gates_module": "", "selfcheck_cmd": ["-c", selfcheck]}))
     calls = script(project.parent / "script.json", ("kills itself", candidate(project, KILLS_ITSELF, "import os\n")),
                    ("raises", candidate(project, RAISES)))
     run_agent(project, "run", "--iters", "2", "--backend", "scripted", "--script", str(calls), "--panel", str(panel),

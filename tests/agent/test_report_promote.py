@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from agent import ledger
+from agent.config import Task
+from agent.promote import current_label
 from tests.agent.conftest import agent_command, agent_env, ledger_rows, run_agent, runs
+
+
+def promotion_rows(project: Path) -> list[str]:
+    return [line for line in (project / "methods" / "experiment_log.md").read_text().splitlines()
+            if line.startswith("| promote v")]
 
 
 def tree_digest(directory: Path) -> str:
@@ -68,12 +76,19 @@ def test_promote_checks_copies_records_and_leaves_versions_alone(project: Path, 
     before = tree_digest(versions)
     rows_before = ledger_rows(project)
 
+    task = Task(root=project)
+    attempts_before = ledger.rows(task)
     done = run_agent(project, "promote", "v1", "--panel", str(panel), timeout=400)
     assert "promoted v1" in done.stdout
     assert main.read_text() == (versions / "v1" / "solution.py").read_text()
-    row = ledger_rows(project)[-1]
-    assert row.startswith("| v1 |") and "| promotion |" in row and "| promoted |" in row
-    assert ledger_rows(project)[:-1] == rows_before
+    row = promotion_rows(project)[-1]
+    assert row.startswith("| promote v1 |") and "| promotion |" in row and "| promoted |" in row
+    assert row.endswith(f"| {hashlib.sha256((versions / 'v1' / 'solution.py').read_bytes()).hexdigest()} |")
+    # a promotion is not an attempt: the attempt rows stay as they were, and methods/main is known as v1 by its sha
+    assert ledger_rows(project) == rows_before and ledger.rows(task) == attempts_before
+    assert current_label(task) == "v1"
+    status = run_agent(project, "status")
+    assert "promote v1" not in status.stdout, "status lists attempts only"
 
     broken = versions / "v9"
     broken.mkdir()
@@ -85,7 +100,8 @@ def test_promote_checks_copies_records_and_leaves_versions_alone(project: Path, 
 
     forced = run_agent(project, "promote", "v9", "--panel", str(panel), "--force", timeout=400)
     assert "forcing past" in forced.stdout and main.read_text() == (broken / "solution.py").read_text()
-    assert "promoted (forced)" in ledger_rows(project)[-1]
+    assert promotion_rows(project)[-1].startswith("| promote v9 |") and "promoted (forced)" in promotion_rows(project)[-1]
+    assert ledger_rows(project) == rows_before
     shutil.rmtree(broken)
     assert tree_digest(versions) == before, "promotion changed methods/versions"
 

@@ -71,10 +71,22 @@ def test_resume_after_sigkill(project: Path, panel: Path):
     (state,) = runs(project)
     assert state["status"] == "running" and state["attempts"] < 3
     assert "killed (resumable)" in run_agent(project, "status").stdout
+    # the killed run's evaluator children may outlive it and still write to its directories: on --resume, every
+    # evaluation gets a directory of its own, never the one the same iteration had (here planted under its old name)
+    killed_at = state["attempts"]
+    attempts = project / "workspace" / ".runs" / state["run_id"] / "attempts"
+    left = {p.name for p in attempts.iterdir()}
+    stale = attempts / f"{killed_at + 1:03d}"
+    stale.mkdir(exist_ok=True)
+    (stale / "orphan.txt").write_text("written by a killed run's evaluator\n")
 
     run_agent(project, "run", "--resume", state["run_id"])
     (state,) = runs(project)
     assert state["status"] == "finished" and state["attempts"] == 3
+    assert [p.name for p in stale.iterdir()] == ["orphan.txt"], "the resumed run evaluated in a killed run's directory"
+    fresh = sorted(p.name for p in attempts.iterdir() if p.name not in left | {stale.name})
+    assert [int(name[:3]) for name in fresh] == list(range(killed_at + 1, 4))
+    assert all((attempts / name / "policy.json").is_file() for name in fresh)
     versions = [e["version"] for e in index(project)]
     assert len(versions) == len(set(versions)) >= 3
     assert [row.split(" | ")[0] for row in ledger_rows(project)] == ["| v0"] + [f"| {v}" for v in versions]

@@ -3,6 +3,7 @@ they do not."""
 from __future__ import annotations
 
 import difflib
+import os
 import subprocess
 from pathlib import Path
 
@@ -75,3 +76,66 @@ def test_dispatch_rejects_unknown_tools_and_bad_arguments_and_submit_ends(tools:
     with pytest.raises(Submitted) as submitted:
         tools.call("submit", {"summary": "s", "hypothesis": "h"})
     assert submitted.value.hypothesis == "h"
+
+
+def test_search_replace_takes_a_path_line_only_when_it_names_a_py_file(tools: Tools):
+    fenced = '```python\n<<<<<<< SEARCH\n"BLOCK_SIZE_N": 64\n=======\n"BLOCK_SIZE_N": 128\n>>>>>>> REPLACE\n```\n'
+    applied = tools.apply_patch(fenced)
+    assert applied["returncode"] == 0, applied["output"]
+    assert '"BLOCK_SIZE_N": 128' in (tools.candidate / "solution.py").read_text()
+
+
+def test_search_replace_blocks_see_the_edits_of_earlier_blocks_even_an_emptied_file(tools: Tools):
+    (tools.candidate / "helper.py").write_text("X = 1")
+    patch = ("helper.py\n<<<<<<< SEARCH\nX = 1\n=======\n>>>>>>> REPLACE\n"
+             "helper.py\n<<<<<<< SEARCH\n=======\nY = 2\n>>>>>>> REPLACE\n")
+    applied = tools.apply_patch(patch)
+    assert applied["returncode"] == 0, applied["output"]
+    assert (tools.candidate / "helper.py").read_text() == "Y = 2"
+
+
+def candidate_listing(tools: Tools) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(tools.candidate.iterdir())}
+
+
+def test_patches_that_symlink_copy_rename_or_change_modes_are_refused(tools: Tools):
+    secret = tools.worktree / "evals" / "verifier.py"
+    secret.parent.mkdir()
+    secret.write_text("SEALED = 'the evaluator source'\n")
+    before = candidate_listing(tools)
+    symlink = ("diff --git methods/main/leak.py methods/main/leak.py\nnew file mode 120000\n--- /dev/null\n"
+               f"+++ methods/main/leak.py\n@@ -0,0 +1 @@\n+{secret}\n\\ No newline at end of file\n")
+    copy = ("diff --git a/evals/verifier.py b/methods/main/v.py\nsimilarity index 100%\ncopy from evals/verifier.py\n"
+            "copy to methods/main/v.py\n--- a/methods/main/v.py\n+++ b/methods/main/v.py\n")
+    rename = copy.replace("copy ", "rename ")
+    modes = ("diff --git a/methods/main/solution.py b/methods/main/solution.py\nold mode 100644\nnew mode 100755\n"
+             "--- a/methods/main/solution.py\n+++ b/methods/main/solution.py\n")
+    binary = ("diff --git a/methods/main/x.py b/methods/main/x.py\nnew file mode 100644\n--- /dev/null\n"
+              "+++ b/methods/main/x.py\nGIT binary patch\nliteral 1\nIcmZpc000310RR91\n\nliteral 0\nHcmV?d00001\n")
+    for name, patch in (("symlink", symlink), ("copy", copy), ("rename", rename), ("modes", modes), ("binary", binary)):
+        refused = tools.apply_patch(patch)
+        assert refused["returncode"] == 1 and "refused" in refused["output"], (name, refused["output"])
+        assert "Nothing was changed" in refused["output"], name
+        assert candidate_listing(tools) == before, name
+        assert not os.path.lexists(tools.candidate / "leak.py") and not (tools.worktree / "b").exists(), name
+
+
+def test_a_new_file_diff_with_b_prefixes_lands_in_the_candidate(tools: Tools):
+    created = tools.apply_patch("--- /dev/null\n+++ b/methods/main/helper.py\n@@ -0,0 +1 @@\n+X = 1\n")
+    assert created["returncode"] == 0, created["output"]
+    assert (tools.candidate / "helper.py").read_text() == "X = 1\n" and not (tools.worktree / "b").exists()
+    bare = tools.apply_patch("--- /dev/null\n+++ other.py\n@@ -0,0 +1 @@\n+Y = 2\n")  # relative to the candidate
+    assert bare["returncode"] == 0 and (tools.candidate / "other.py").read_text() == "Y = 2\n", bare["output"]
+    outside = tools.apply_patch("--- /dev/null\n+++ b/evals/new.py\n@@ -0,0 +1 @@\n+Z = 3\n")
+    assert outside["returncode"] == 1 and "refused" in outside["output"]
+    assert not (tools.worktree / "evals").exists() and not (tools.candidate / "evals").exists()
+
+
+def test_a_tool_that_fails_on_its_input_answers_instead_of_ending_the_run(tools: Tools):
+    source = (tools.candidate / "solution.py").read_text()
+    failed = tools.call("write_file", {"path": "methods/main/solution.py", "content": "X = '\ud800'\n"})
+    assert failed["returncode"] == 1 and failed["output"].startswith("write_file failed: UnicodeEncodeError"), failed
+    assert (tools.candidate / "solution.py").read_text() == source, "a failed write left the file as it was"
+    failed = tools.call("apply_patch", {"patch": "<<<<<<< SEARCH\nimport torch\n=======\nX = '\ud800'\n>>>>>>> REPLACE"})
+    assert failed["returncode"] == 1 and "UnicodeEncodeError" in failed["output"], failed
+    assert (tools.candidate / "solution.py").read_text() == source

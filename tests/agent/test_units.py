@@ -2,17 +2,20 @@
 from __future__ import annotations
 
 import hashlib
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from agent.config import RunConfig, Task, from_dict
+from agent.evaluate import Evaluator
 from agent.exceptions import Submitted
-from agent.ledger import format_row, record, rows
-from agent.loop import render
+from agent.ledger import format_row, record, rows, unified_patch
+from agent.prompts import render
 from agent.proposers import IterationContext
 from agent.proposers.offline import OfflineProposer, find_table
-from agent.proposers.openai_chat import trim
+from agent.proposers.openai_chat import OpenAIConfig, OpenAIProposer, trim
+from agent.tools import Tools
 from tests.agent.test_tools import tools  # noqa: F401 (the fixture)
 
 
@@ -75,6 +78,9 @@ def test_prompts_fail_on_a_missing_variable_and_config_on_an_unknown_key():
     with pytest.raises(KeyError):
         render("format_error", error="x")
     assert "unknown tool" in render("format_error", error="unknown tool", tools="read_file")
+    with pytest.raises(KeyError):
+        render("trimmed")
+    assert render("timing_interpreter").endswith("not GPU timings") and "\n" not in render("timing_gpu")
     with pytest.raises(ValueError, match="unknown key"):
         from_dict(RunConfig, {"iters": 3, "iterations": 4})
 
@@ -86,5 +92,41 @@ def test_trim_keeps_tool_replies_with_their_calls():
         turns += [{"role": "assistant", "content": "", "tool_calls": [{"id": f"c{number}"}]},
                   {"role": "tool", "tool_call_id": f"c{number}", "content": "x" * 400}]
     trimmed = trim(head + turns, 1000)
-    assert trimmed[:2] == head and "trimmed" in trimmed[2]["content"] and trimmed[3]["role"] == "assistant"
+    dropped = (len(head + turns) - len(trimmed) + 1) // 2
+    assert trimmed[:2] == head and trimmed[2]["content"] == render("trimmed", dropped=dropped)
+    assert f"[{dropped} earlier tool exchanges were trimmed" in trimmed[2]["content"] and trimmed[3]["role"] == "assistant"
     assert len(str(trimmed)) // 4 <= 1100 and trimmed[-1] == turns[-1]
+
+
+def test_record_never_follows_a_symlink_in_the_candidate(project: Path, tmp_path: Path):
+    task = Task(root=project)
+    candidate = tmp_path / "candidate"
+    candidate.mkdir()
+    (candidate / "solution.py").write_text("VALUE = 1\n")
+    (candidate / "leak.py").symlink_to(project / "evals" / "verifier.py")
+    recorded = record(task, candidate, task.versions / "v0", "v0", {}, {}, {})
+    assert sorted(p.name for p in recorded.directory.iterdir()) == ["parent.patch", "solution.py", "verdict.json"]
+    assert "leak.py" not in (recorded.directory / "parent.patch").read_text()
+    assert "leak.py" not in unified_patch(None, candidate, "start")
+
+
+def test_offline_search_edits_the_tasks_candidate_dir(project: Path, tmp_path: Path):
+    task = Task(root=project, candidate_dir="methods/alt")
+    worktree = tmp_path / "worktree"
+    (worktree / "methods" / "alt").mkdir(parents=True)
+    start = (project / "methods" / "main" / "solution.py").read_text()
+    (worktree / "methods" / "alt" / "solution.py").write_text(start)
+    subprocess.run(["git", "init", "-q"], cwd=worktree, check=True)
+    alt = Tools(task, worktree, Evaluator(task, "smoke", False, tmp_path / "eval"))
+    source, submitted = propose(alt, {"strata": {"balanced": 0.8, "expert-batch": 1.0}})
+    assert submitted.summary == "BLOCK_SIZE_N 64->128" and source != start
+    assert not (worktree / "methods" / "main").exists()
+
+
+def test_a_malformed_price_override_fails_at_construction_and_names_the_variable(monkeypatch: pytest.MonkeyPatch):
+    for bad in ("2.5", "a,b", "1,2,3", "-1,2", "nan,1"):
+        monkeypatch.setenv("KLOOP_PRICE_PER_MTOK", bad)
+        with pytest.raises(ValueError, match=r"KLOOP_PRICE_PER_MTOK=.*expected 'in,out'"):
+            OpenAIProposer(OpenAIConfig(model="test-model"))
+    monkeypatch.setenv("KLOOP_PRICE_PER_MTOK", " 0.5, 4 ")
+    assert OpenAIProposer(OpenAIConfig(model="test-model")).prices == (0.5, 4.0)
