@@ -87,7 +87,8 @@ class Run:
                       iters=self.config.iters, best_label=self.state.best_label, best_score=fmt(self.state.best_score),
                       timing_note=render("timing_gpu" if self.config.cuda else "timing_interpreter"),
                       solution=(self.tools.candidate / "solution.py").read_text())
-        feedback = dict(ledger_rows="\n".join(ledger.rows(self.task)[-15:]) or "(none yet)",
+        header = ledger.format_row(dict(zip(ledger.COLUMNS, ledger.COLUMNS))) + "\n|" + "---|" * len(ledger.COLUMNS)
+        feedback = dict(ledger_header=header, ledger_rows="\n".join(ledger.rows(self.task)[-15:]) or "(none yet)",
                         last_verdict=json.dumps(last, indent=1)[:3000] if last else "(none yet)",
                         profile=profile_text(profile) if profile else "(none yet)",
                         steps_left=getattr(self.proposer, "max_steps", "a few"))

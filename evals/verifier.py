@@ -8,16 +8,22 @@ starts one process per role (``python -m evals.verifier role ...``, evals/gates.
 baseline (v0) "before", the candidate, the baseline "after", each with SPEC.md's full schedule. Dispersion: each
 role's 11 group times have max/min <= 1.15 and the two baseline medians agree within 1.15, with no retry and no
 trimming. Case score = sqrt(before * after) / candidate; geometric mean per stratum; harmonic mean across strata.
-Exit status 0 only for a valid submission (every gate passed, none skipped).
+Exit status 0 only for a valid submission (every gate passed, none skipped). A source that the policy rejects is
+invalid whatever it does, so a full run does not time it: its role gates are skipped and policy is the failed gate.
 
-``--gates-only`` runs the candidate role alone, every gate but the timing ones; without CUDA on CPU tensors under
-the Triton interpreter, skipping only the CUDA-only gates and saying why (exit 0 when no gate failed).
+``--gates-only`` runs the candidate role alone, every gate but the timing ones (even when the policy failed: the
+role's dynamic evidence shows what the code does); without CUDA on CPU tensors under the Triton interpreter,
+skipping only the CUDA-only gates and saying why (exit 0 when no gate failed).
+A case the verifier itself cannot set up (a seed whose adversarial construction leaves fp16 range) fails the
+case_setup gate with the verifier's message; that is a panel problem to re-draw, not a failure of the candidate.
 A hidden ``--schedule smoke`` shrinks the schedule so that CPU tests of the whole pipeline finish; it never scores.
 
 Stabilizers (SPEC.md advice), on the verifier's side only: the cyclic garbage collector is disabled during the timed
 groups, and each timing role on CUDA pins itself to one core with os.sched_setaffinity where the OS has it.
-The input schedule is a pool of 64 distinct pre-generated (x, residual) pairs, cycled call by call, drawn from the
-case's seed: identical for all three roles, fresh for each case, and small enough to keep every reference in memory.
+The input schedule is a pool of 512 distinct (x, residual) pairs (one per call of a timed group), drawn from the
+case's seed; before each timed group, outside its timed region, the pool is rewritten in place with the group's
+own seeded draw: identical for all three roles, fresh for each case and group, and no input pair (address,
+_version or contents) repeats within a group or between groups, so a cache of outputs never pays off.
 """
 from __future__ import annotations
 
@@ -34,6 +40,7 @@ from importlib import metadata
 from pathlib import Path
 
 from evals import kernel_harness as kh
+from evals.gates import ROLE_GATES, SETUP_STAGE
 from evals.loader import resolve_solution_dir
 from evals.selfcheck import geomean
 
@@ -96,6 +103,12 @@ def policy_gate(solution: Path) -> dict:
     return {"status": "fail" if found else "pass", "evidence": evidence or [f"every *.py of {solution} clean"]}
 
 
+def not_run_record(case: kh.Case, solution: Path, reason: str) -> dict:
+    """The candidate's record when its role is deliberately not run: every role gate skipped, with the reason."""
+    return {"case": kh.case_dict(case), "solution": str(solution), "not_run": reason, "times_us": [], "median_us": None,
+            "error": None, "gates": {name: {"status": "skip", "evidence": [reason]} for name in ROLE_GATES}}
+
+
 def dispersion(times: list[float]) -> float | None:
     return max(times) / min(times) if times and min(times) > 0 else None
 
@@ -104,11 +117,22 @@ def judge_case(case: kh.Case, roles: dict[str, dict], policy: dict, gates_only: 
     candidate = roles["candidate"]
     gates = {name: dict(gate) for name, gate in candidate.get("gates", {}).items()}
     gates["policy"] = policy
-    missing = [name for name, gate in gates.items() if gate["status"] == "not_run"] or (["every role gate"] if not candidate.get("gates") else [])
-    crash = (candidate.get("error") or {}).get("name") == "RoleCrashed"
-    gates["coverage"] = {"status": "fail" if missing or crash else "pass", "evidence": [
-        f"not evaluated: {', '.join(missing)}" + (f" ({candidate['error']['message'][:300]})" if candidate.get("error") else "")
-        if missing or crash else f"every gate ran on {case.name}"]}
+    setup_failures = [f"{role}: {r['error']['name']}: {r['error']['message'][:400]}" for role, r in roles.items()
+                      if (r.get("error") or {}).get("stage") == SETUP_STAGE]
+    if setup_failures:  # the verifier's own failure: the case was never judged, so nothing is said of the candidate
+        unjudged = {"status": "skip", "evidence": ["not run: the verifier could not set up this case (see case_setup)"]}
+        gates = {name: dict(unjudged) for name in (*ROLE_GATES, "coverage")} | {"policy": policy, "case_setup": {
+            "status": "fail", "evidence": [f"the verifier could not set up {case.name} (seed {case.seed}), so no role "
+                                           "gate ran; a panel or verifier problem, not a failure of the candidate (draw "
+                                           "the panel again): " + "; ".join(setup_failures)]}}
+    elif candidate.get("not_run"):
+        gates["coverage"] = {"status": "skip", "evidence": [candidate["not_run"]]}
+    else:
+        missing = [name for name, gate in gates.items() if gate["status"] == "not_run"] or (["every role gate"] if not candidate.get("gates") else [])
+        crash = (candidate.get("error") or {}).get("name") == "RoleCrashed"
+        gates["coverage"] = {"status": "fail" if missing or crash else "pass", "evidence": [
+            f"not evaluated: {', '.join(missing)}" + (f" ({candidate['error']['message'][:300]})" if candidate.get("error") else "")
+            if missing or crash else f"every gate ran on {case.name}"]}
     medians = {role: r.get("median_us") for role, r in roles.items()}
     ratio = None
     if gates_only or candidate.get("median_us") is None:
@@ -142,7 +166,8 @@ def summarize(cases: list[dict], gates_only: bool) -> dict:
     for name in names:
         seen = {c["gates"].get(name, {}).get("status", "not_run") for c in cases}
         statuses[name] = "fail" if seen & {"fail", "not_run"} else ("skip" if seen == {"skip"} else "pass")
-    skipped = {name: cases[0]["gates"][name]["evidence"][0] for name, s in statuses.items() if s == "skip"}
+    skipped = {name: next(c["gates"][name]["evidence"][0] for c in cases if name in c["gates"])
+               for name, s in statuses.items() if s == "skip"}
     strata: dict[str, list] = {}
     for c in cases:
         strata.setdefault(c["case"]["stratum"], []).append(c["score"])
@@ -165,6 +190,9 @@ def judge(solution: Path, panel: str, baseline: Path, gates_only: bool, schedule
         for case in cases:
             if gates_only:
                 roles = {"candidate": run_role_process(solution, case, schedule, False, Path(scratch))}
+            elif policy["status"] != "pass":  # invalid whatever it does: timing it would spend three roles for nothing
+                roles = {"candidate": not_run_record(case, solution, "not run: the source policy rejected the solution, "
+                                                     "so it is not timed (--gates-only still runs it for evidence)")}
             else:
                 roles = {"baseline_before": run_role_process(baseline, case, schedule, True, Path(scratch))}
                 roles["candidate"] = run_role_process(solution, case, schedule, True, Path(scratch))
@@ -225,7 +253,10 @@ def print_summary(report: dict) -> None:
 # ----------------------------------------------------------------------------------------------------- sealed panels
 def make_panel(seed: int, per_stratum: int = PER_STRATUM) -> dict:
     """Cases from the visible regimes, disjoint from the visible tuples and seeds, both epilogues in each stratum;
-    K * N at most the largest visible case's, so that no sealed case outgrows the visible memory and time."""
+    K * N at most the largest visible case's, so that no sealed case outgrows the visible memory and time.
+
+    Seeds are not tried here (the adversarial construction of a big case is costly on CPU): a seed whose construction
+    leaves fp16 range fails that case's case_setup gate at verify time, naming the verifier, and the panel is redrawn."""
     rng = random.Random(seed)
     visible = kh.load_panel("visible")
     taken = {(c.m, c.k, c.n, c.epilogue) for c in visible}

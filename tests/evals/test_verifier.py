@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from evals import gates, verifier
+from evals import gate_spies, gates, verifier
 from evals import kernel_harness as kh
 from tests.conftest import ROOT
 
@@ -24,9 +24,7 @@ def verify(*args, env=None):
 
 def test_gates_only_on_the_smoke_panel_names_every_gate_with_evidence(tmp_path):
     out = tmp_path / "report.json"
-    began = time.monotonic()
     run = verify("--solution", "methods/versions/v0", "--panel", "smoke", "--gates-only", "--json", out)
-    wall_s = time.monotonic() - began
     assert run.returncode == 0, run.stdout + run.stderr
     report = json.loads(out.read_text())
     assert report["valid"] and report["mode"] == "gates-only" and len(report["cases"]) == 4
@@ -40,7 +38,6 @@ def test_gates_only_on_the_smoke_panel_names_every_gate_with_evidence(tmp_path):
         assert "CUDA" in report["skipped"]["streams"]
     assert set(report["skipped"]) == expected_skips
     assert all(f"skipped {name}:" in run.stdout for name in expected_skips)
-    assert wall_s < 120  # the agent runs this on every attempt
 
 
 def test_the_full_pipeline_times_three_roles_and_scores_them(tmp_path, panel_file):
@@ -104,14 +101,97 @@ def test_a_crashing_candidate_is_a_coverage_failure_not_a_crash(tmp_path, panel_
 
 def test_overlaps_finds_shared_storage_and_poison_marks_unwritten_memory():
     base = torch.zeros(64, dtype=torch.float16)
-    found = gates.overlaps([("a", base[:32]), ("b", torch.zeros(8)), ("c", base[32:])])
+    found = gate_spies.overlaps([("a", base[:32]), ("b", torch.zeros(8)), ("c", base[32:])])
     assert found == ["c shares storage with a"]
     shape = (18, 256)
     hits = 0
     for _ in range(4):
-        gates.poison_allocator(shape, torch.device("cpu"))
-        hits += int((torch.empty(shape, dtype=torch.float16).view(torch.int16) == gates.POISON_BITS).any())
+        gate_spies.poison_allocator(shape, torch.device("cpu"))
+        hits += int((torch.empty(shape, dtype=torch.float16).view(torch.int16) == gate_spies.POISON_BITS).any())
     assert hits >= 1
+
+
+def test_a_policy_violation_is_not_timed_in_a_full_run(tmp_path, panel_file, redteam_solution):
+    out = tmp_path / "report.json"
+    run = verify("--solution", redteam_solution("patched_timer"), "--panel", panel_file(TINY), "--schedule", "smoke",
+                 "--json", out)
+    case = json.loads(out.read_text())["cases"][0]
+    assert run.returncode == 1 and case["failed"] == ["policy"] and "FAIL policy" in run.stdout
+    assert set(case["roles"]) == {"candidate"} and "policy" in case["roles"]["candidate"]["not_run"]
+    assert case["gates"]["no_tampering"]["status"] == "skip"  # no role process ran, so no dynamic gate either
+
+
+def test_a_case_the_verifier_cannot_set_up_is_its_own_failure_not_the_candidates(monkeypatch):
+    def unreachable(case, device):
+        raise RuntimeError(f"adversarial construction for {case.name} left fp16 range; pick another seed")
+
+    monkeypatch.setattr(kh, "_generate_adversarial", unreachable)
+    monkeypatch.setattr(kh, "select_device", lambda: kh.DeviceInfo(torch.device("cpu"), False, "cpu", "cpu"))
+    case = kh.Case(*TINY)
+    record = gates.run_role(ROOT / "methods" / "versions" / "v0", case, gates.SCHEDULES["smoke"], timing=False)
+    assert record["error"]["stage"] == gates.SETUP_STAGE
+    judged = verifier.judge_case(case, {"candidate": record}, {"status": "pass", "evidence": ["clean"]}, gates_only=True)
+    assert judged["failed"] == ["case_setup"]
+    evidence = judged["gates"]["case_setup"]["evidence"][0]
+    assert "not a failure of the candidate" in evidence and "left fp16 range" in evidence
+    assert verifier.summarize([judged], gates_only=True)["gates"]["case_setup"] == "fail"
+
+
+def test_an_unversioned_write_changes_the_value_and_keeps_the_version():
+    x = torch.randn(4, 8).half()
+    version, before = x._version, x.clone()
+    assert gate_spies.write_unversioned(x, (2, 5), 8.0)
+    assert x._version == version and float(x[2, 5]) == float((before[2, 5].float() + 8).half())
+    assert torch.equal(x.flatten()[:21], before.flatten()[:21])
+
+
+TIMED_INPUTS_PROBE = """
+import json, sys
+from pathlib import Path
+import torch
+from evals import gates, kernel_harness as kh
+from evals.gate_spies import GateBook
+
+case = kh.Case("balanced", 18, 256, 256, "silu", 5)
+schedule = gates.Schedule(0, 0, 0, 8, 0, 3, 8, 8)
+report = {}
+for name, mutate in (("clean", False), ("mutating", True)):
+    role = gates.Role(Path(sys.argv[1]), case, schedule, True, torch.device("cpu"), GateBook(gates.ROLE_GATES), {})
+    role.setup()
+    seen = []
+
+    def fn(x, residual):
+        seen.append([x.data_ptr(), x._version, residual.data_ptr(), residual._version, float(x.double().sum())])
+        if mutate and len(seen) == 3:
+            residual.add_(1.0)
+        w = role.weights
+        return kh.reference(x, w.qweight, w.scales, w.bias, residual, case.epilogue).out.half()
+
+    role.fn = fn
+    role.timing_pass()
+    role.close()
+    report[name] = {"seen": seen, "gates": {k: v["status"] for k, v in role.book.gates.items()},
+                    "evidence": role.book.gates["input_immutability"]["evidence"]}
+print(json.dumps(report))
+"""
+
+
+def test_timed_groups_never_repeat_an_input_and_catch_writes_between_refills(tmp_path):
+    """Each timed group calls on distinct pairs rewritten in place before the group, so no (address, _version) pair and
+    no contents repeat (a cache keyed on them never pays off); the draw is the same in every role; the pool is
+    checked before each rewrite, so a write during an early group is caught."""
+    run = subprocess.run([sys.executable, "-c", TIMED_INPUTS_PROBE, str(tmp_path)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    seen = report["clean"]["seen"]
+    assert len(seen) == 3 * 8
+    assert len({tuple(call[:2]) for call in seen}) == len(seen) and len({tuple(call[2:4]) for call in seen}) == len(seen)
+    assert len({call[4] for call in seen}) == len(seen)  # contents fresh in every call of every group
+    assert [call[4] for call in report["mutating"]["seen"][3:]] == [call[4] for call in seen[3:]]  # same draw per role
+    assert report["clean"]["gates"]["schedule_outputs"] == "pass" and report["clean"]["gates"]["input_immutability"] == "pass"
+    assert report["mutating"]["gates"]["input_immutability"] == "fail"
+    assert "before timed group 1" in report["mutating"]["evidence"][0]
 
 
 def test_make_panel_draws_sealed_cases_outside_the_repository(tmp_path):

@@ -25,6 +25,7 @@ CHEATS = {
     "wrong_api": ("api", GATES_ONLY, False),
     "noncontiguous_output": ("output_structure", GATES_ONLY, False),
     "fp32_output": ("output_structure", GATES_ONLY, False),
+    "tensor_subclass_output": ("output_structure", GATES_ONLY, False),
     "twos_complement": ("numerics_normal", GATES_ONLY, False),
     "reversed_nibbles": ("numerics_normal", GATES_ONLY, False),
     "fp16_accumulation": ("numerics_adversarial", GATES_ONLY, False),
@@ -39,6 +40,7 @@ CHEATS = {
     "unwritten_tail_rows": ("fresh_outputs", GATES_ONLY, False),
     "cached_by_pointer": ("no_output_caching", GATES_ONLY, False),
     "cached_by_sample": ("no_output_caching", GATES_ONLY, False),
+    "cached_by_pointer_and_version": ("no_output_caching", GATES_ONLY, False),
     "patched_timer": ("no_tampering", GATES_ONLY, True),
     "patched_synchronize": ("no_tampering", GATES_ONLY, True),
     "read_evaluator_file": ("isolation", GATES_ONLY, True),
@@ -49,6 +51,8 @@ CHEATS = {
     "keep_int8_codes": ("residency", GATES_ONLY, False),
     "oversized_fp32_buffer": ("residency", GATES_ONLY, False),
     "lazy_dense_weight": ("residency", GATES_ONLY, False),
+    "int8_codes_as_int32": ("residency", GATES_ONLY, False),
+    "outputs_cached_as_int16": ("residency", GATES_ONLY, False),
     "degrades_after_warmup": ("schedule_outputs", FULL_SMOKE, False),
 }
 GPU_CHEATS = {

@@ -1,0 +1,267 @@
+"""The instruments of a verifier role (evals/gates.py), none of which holds role state: the gate book, the spies,
+the output and input audits, the oracle over an input pool, and the timed-group clock.
+
+GateBook records each gate's status and evidence; Spies blames audit events, thread starts and stream selections on
+the candidate's own frames; tamper_snapshot names the handles whose identity must survive build and calls; the
+audits poison the allocator, check structure, storage overlaps, batches against the oracle, and inputs against clones.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import sysconfig
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from evals import kernel_harness as kh
+from evals import residency
+
+POISON_BITS = 0x7E5A  # an fp16 quiet NaN with a payload that no arithmetic produces
+POISON_COPIES = 16  # enough freed output-sized blocks that the next output lands on one (CPU malloc included)
+VALIDATE_CHUNK = 64  # outputs compared against the oracle at once (bounds fp64 scratch)
+EVIDENCE_CAP = 8
+REFERENCE_CHUNK = 64  # pool inputs per oracle pass (bounds its fp64 scratch)
+
+# the verifier's own handles, taken when the role imports this module, before any candidate code runs
+_perf_counter, _Event = time.perf_counter, torch.cuda.Event
+
+_STDLIB = tuple({sysconfig.get_paths()["stdlib"] + os.sep, sysconfig.get_paths()["platstdlib"] + os.sep})
+_WATCHED_EVENTS = frozenset(("open", "os.system", "subprocess.Popen", "os.posix_spawn", "os.spawn", "os.fork",
+                             "os.forkpty", "os.exec", "os.kill", "socket.__new__", "socket.connect", "socket.bind",
+                             "ctypes.dlopen", "os.listdir", "os.scandir", "os.remove", "os.rename", "os.chdir"))
+
+
+class GateBook:
+    """Each gate's status (pass, fail, skip, not_run) and a few lines of evidence; a failure is never overwritten."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.gates = {name: {"status": "not_run", "evidence": []} for name in names}
+
+    def check(self, name: str, ok: bool, evidence) -> bool:
+        """Record one observation: a failing gate keeps its first failures, a passing one its latest evidence."""
+        gate = self.gates[name]
+        if not ok:
+            if gate["status"] != "fail":
+                gate["status"], gate["evidence"] = "fail", []
+            if len(gate["evidence"]) < EVIDENCE_CAP:
+                gate["evidence"].append(evidence)
+        elif gate["status"] != "fail":
+            gate["status"], gate["evidence"] = "pass", (gate["evidence"] + [evidence])[-EVIDENCE_CAP:]
+        return ok
+
+    def skip(self, name: str, reason: str) -> None:
+        self.gates[name] = {"status": "skip", "evidence": [reason]}
+
+    def failed(self) -> list[str]:
+        return [name for name, gate in self.gates.items() if gate["status"] == "fail"]
+
+
+# ----------------------------------------------------------------------------------------------------- spies
+class Spies:
+    """Events raised from the candidate's own frames: audit events, thread starts and stream selections."""
+
+    def __init__(self, solution_dir: Path) -> None:
+        self.prefix = str(solution_dir) + os.sep
+        self.events: list[str] = []
+        self.stream_sets: list[str] = []
+        sys.addaudithook(self._audit)  # permanent by design: a role process judges one solution once
+        start = threading.Thread.start
+        spies = self
+
+        def spied_start(thread, *args, **kwargs):
+            where = spies.culprit(sys._getframe(1))
+            if where:
+                spies.events.append(f"thread start ({getattr(thread, 'name', '?')}) at {where}")
+            return start(thread, *args, **kwargs)
+
+        threading.Thread.start = spied_start
+        set_stream = getattr(torch._C, "_cuda_setStream", None)
+        if set_stream is not None:
+            def spied_set_stream(*args, **kwargs):
+                where = spies.culprit(sys._getframe(1), anywhere=True)
+                if where and kwargs.get("stream_id", args[0] if args else None) != spies.first_stream_id:
+                    spies.stream_sets.append(f"stream {kwargs or args} selected from {where}")
+                return set_stream(*args, **kwargs)
+
+            torch._C._cuda_setStream = spied_set_stream
+        self.first_stream_id = torch.cuda.current_stream().stream_id if torch.cuda.is_available() else None
+
+    def culprit(self, frame, anywhere: bool = False) -> str | None:
+        """file:line of the candidate frame to blame: the innermost frame outside the standard library (or, with
+        ``anywhere``, any frame on the stack) when it lies in the solution directory. Imports are not blamed."""
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if name.startswith("<frozen importlib"):
+                return None
+            if name.startswith(self.prefix):
+                return f"{Path(name).name}:{frame.f_lineno}"
+            if not anywhere and not _is_stdlib(name):
+                return None
+            frame = frame.f_back
+        return None
+
+    def _audit(self, event: str, args: tuple) -> None:
+        if event in _WATCHED_EVENTS:
+            where = self.culprit(sys._getframe(1))
+            if where:
+                self.events.append(f"{event} {str(args)[:160]} at {where}")
+
+
+def _is_stdlib(filename: str) -> bool:
+    # a venv's platstdlib holds its site-packages: libraries there (torch, triton) are not the standard library
+    return filename.startswith("<") or (filename.startswith(_STDLIB) and "-packages" + os.sep not in filename)
+
+
+def tamper_snapshot() -> dict[str, object]:
+    return {"time.perf_counter": time.perf_counter, "time.perf_counter_ns": time.perf_counter_ns,
+            "time.time": time.time, "time.monotonic": time.monotonic, "torch.cuda.synchronize": torch.cuda.synchronize,
+            "torch.cuda.Event": torch.cuda.Event, "torch.cuda.current_stream": torch.cuda.current_stream,
+            "torch.cuda.Stream": torch.cuda.Stream, "torch.cuda.set_stream": torch.cuda.set_stream,
+            "torch.empty": torch.empty, "gc.collect": gc.collect, "gc.disable": gc.disable, "gc.enable": gc.enable,
+            "kernel_harness.reference": kh.reference, "kernel_harness.check_output": kh.check_output,
+            "residency.measure": residency.measure}
+
+
+# ----------------------------------------------------------------------------------------------------- output audits
+def poison_allocator(shape: tuple[int, int], device: torch.device) -> None:
+    """Leave freed blocks of the output's size full of POISON_BITS, so that elements a call never writes show."""
+    blocks = [torch.full((shape[0] * shape[1],), POISON_BITS, dtype=torch.int16, device=device) for _ in range(POISON_COPIES)]
+    del blocks
+
+
+def structure_problem(out, shape: tuple[int, int], device: torch.device) -> str | None:
+    if type(out) is not torch.Tensor:  # a subclass can override .double(), __sub__, ...: the checks' own operations
+        kind = type(out)
+        return f"output must be a plain torch.Tensor (not a subclass); got {kind.__module__}.{kind.__qualname__}"
+    if tuple(out.shape) != shape or out.dtype != torch.float16 or out.device.type != device.type:
+        return f"output must be fp16 {shape} on {device.type}; got {out.dtype} {tuple(out.shape)} on {out.device}"
+    if not out.is_contiguous():
+        return f"output must be contiguous; got strides {out.stride()}"
+    return None
+
+
+def span(tensor: torch.Tensor) -> tuple[int, int]:
+    storage = tensor.untyped_storage()
+    return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+
+
+def overlaps(labelled: list[tuple[str, torch.Tensor]]) -> list[str]:
+    """Pairs of tensors whose storages share bytes (sorted sweep, so 16,384 outputs cost a sort)."""
+    spans = sorted((*span(t), label) for label, t in labelled if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes())
+    found, reach, holder = [], -1, ""
+    for start, end, label in spans:
+        if start < reach:
+            found.append(f"{label} shares storage with {holder}")
+        if end > reach:
+            reach, holder = end, label
+    return found
+
+
+def validate(outs: list, indices: list[int], refs: list[kh.Reference], shape, device) -> tuple[int, list[str]]:
+    """Outputs (of pool inputs ``indices``) outside the oracle's bound, counted by batches; returns (bad, messages)."""
+    bad, messages = 0, []
+    by_input: dict[int, list] = {}
+    for n, (out, index) in enumerate(zip(outs, indices)):
+        problem = structure_problem(out, shape, device)
+        if problem:
+            bad += 1
+            messages.append(f"output {n}: {problem}")
+        else:
+            by_input.setdefault(index, []).append(out)
+    for index, group in by_input.items():
+        for start in range(0, len(group), VALIDATE_CHUNK):
+            stack = torch.stack(group[start:start + VALIDATE_CHUNK]).double()
+            within = (stack - refs[index].out).abs() <= refs[index].tolerance  # NaN compares False: counted bad
+            wrong = int((~within.flatten(1).all(dim=1)).sum())
+            bad += wrong
+            if wrong:
+                messages.append(f"{wrong} outputs of input {index} outside the fp32 bound or not finite")
+    return bad, messages[:EVIDENCE_CAP]
+
+
+def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype.is_floating_point:  # NaN never equals itself; compare with NaNs mapped alike
+        return torch.equal(torch.nan_to_num(a, nan=0.0), torch.nan_to_num(b, nan=0.0))
+    return torch.equal(a, b)
+
+
+def write_unversioned(tensor: torch.Tensor, index: tuple[int, int], delta: float) -> bool:
+    """Add ``delta`` to one element through a second tensor on the same storage, which has a version counter of its
+    own, so ``tensor._version`` does not move (a cache keyed on address and version cannot see the change).
+    Returns whether that held: the value changed and the version did not."""
+    version, before = tensor._version, float(tensor[index])
+    alias = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+    alias.set_(tensor.untyped_storage(), tensor.storage_offset(), tensor.shape, tensor.stride())
+    alias[index] += delta
+    return tensor._version == version and float(tensor[index]) != before
+
+
+def changed_inputs(names: list[str], guarded: dict, versions: dict, clones: dict) -> list[str]:
+    """Which of the named inputs moved ``_version`` or changed values since the verifier last recorded them."""
+    problems = []
+    for name in names:
+        tensor = guarded[name]
+        if tensor._version != versions[name]:
+            problems.append(f"{name} written in place (_version {versions[name]} -> {tensor._version})")
+        elif not same_values(tensor, clones[name]):
+            problems.append(f"{name} changed values")
+    return problems
+
+
+def references(case: kh.Case, weights: kh.CaseTensors, pool: list) -> list[kh.Reference]:
+    """The oracle for each (x, residual) of ``pool``: passes over inputs stacked by rows (rows are independent)."""
+    m, refs = case.m, []
+    for start in range(0, len(pool), REFERENCE_CHUNK):
+        chunk = pool[start:start + REFERENCE_CHUNK]
+        ref = kh.reference(torch.cat([p[0] for p in chunk]), weights.qweight, weights.scales, weights.bias,
+                           torch.cat([p[1] for p in chunk]), case.epilogue)
+        refs += [kh.Reference(ref.out[i * m:(i + 1) * m], ref.tolerance[i * m:(i + 1) * m]) for i in range(len(chunk))]
+    return refs
+
+
+# ----------------------------------------------------------------------------------------------------- timing
+def heat(size: int, matmuls: int, device: torch.device) -> None:
+    a = torch.randn((size, size), device=device).half()
+    b = torch.randn_like(a)
+    for _ in range(matmuls):
+        a @ b
+    kh.synchronize(device)
+
+
+def time_groups(fn, inputs: list[tuple], groups: int, device: torch.device, before_group) -> tuple[list[float], list]:
+    """Microseconds per call of each group of calls on ``inputs`` in order (CUDA events; perf_counter off CUDA), every
+    output kept. ``before_group(g)`` runs before group g, outside the timed region."""
+    outs, times = [], []
+    gc.disable()  # a collection inside a group is the verifier's noise, not the candidate's
+    try:
+        for group in range(groups):
+            before_group(group)
+            if device.type == "cuda":
+                start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+                start.record()
+                for x, residual in inputs:
+                    outs.append(fn(x, residual))
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) * 1000 / len(inputs))
+            else:
+                began = _perf_counter()
+                for x, residual in inputs:
+                    outs.append(fn(x, residual))
+                times.append((_perf_counter() - began) * 1e6 / len(inputs))
+    finally:
+        gc.enable()
+    return times, outs
+
+
+def pin_to_one_core() -> int | None:
+    """Pin the role to one core (SPEC.md advice: fewer stalled host groups); None where the OS has no affinity call."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    core = max(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {core})
+    return core
