@@ -98,7 +98,7 @@ PEERS = {
 # ------------------------------------------------------------------------------------------------ timing
 def eager_us(fn, inputs, untimed: int, groups: int, per_group: int) -> float:
     times = kh.time_groups(fn, inputs, groups, per_group, warmup=untimed)
-    return sorted(times)[len(times) // 2]
+    return kh.median(times)
 
 
 def graph_us(fn, x, residual, flush: torch.Tensor | None, replays: int = 50) -> float:
@@ -122,7 +122,7 @@ def graph_us(fn, x, residual, flush: torch.Tensor | None, replays: int = 50) -> 
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000)
-    return sorted(times)[len(times) // 2]
+    return kh.median(times)
 
 
 def host_floors(device: torch.device) -> dict:

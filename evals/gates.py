@@ -269,7 +269,7 @@ class Role:
         times, timed = time_groups(self.fn, inputs, s.groups, device, before_group=self.refill)
         self.calls += len(timed)
         self.record["times_us"] = times
-        self.record["median_us"] = median = sorted(times)[len(times) // 2]
+        self.record["median_us"] = median = kh.median(times)
         per = s.calls_per_group  # each group's inputs drawn again from their seed: the oracle of one group at a time
         groups = ((g * per, (g + 1) * per, references(self.case, self.weights, self.group_inputs(g))) for g in range(s.groups))
         self.validate_phase("timed", timed, groups)

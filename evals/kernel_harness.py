@@ -339,6 +339,11 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def median(values: list[float]) -> float:
+    """The middle value (the upper one of an even count); the verifier's groups are odd in number."""
+    return sorted(values)[len(values) // 2]
+
+
 def time_groups(fn: Callable, inputs: list[tuple], groups: int, calls_per_group: int, warmup: int = 0) -> list[float]:
     """Microseconds per call for each of ``groups`` groups of ``calls_per_group`` calls, cycling through ``inputs``.
 
@@ -387,4 +392,4 @@ def copy_bandwidth_gbps(device: torch.device, nbytes: int = 1 << 30) -> float | 
         end.synchronize()
         times.append(start.elapsed_time(end) / 1000)
     del src, dst
-    return nbytes / sorted(times)[len(times) // 2] / 1e9
+    return nbytes / median(times) / 1e9

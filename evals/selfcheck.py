@@ -62,15 +62,21 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
+def stratum_scores(values: dict[str, list[float | None]]) -> tuple[dict[str, float | None], float | None]:
+    """Geometric mean of the case ratios per stratum (None where a case has none); harmonic mean across strata."""
+    per_stratum = {name: (geomean(v) if v and None not in v else None) for name, v in values.items()}
+    score = len(per_stratum) / sum(1 / v for v in per_stratum.values()) if per_stratum and None not in per_stratum.values() else None
+    return per_stratum, score
+
+
 def summarize(results: list[CaseResult]) -> dict:
-    """Geometric mean of speedups per stratum, harmonic mean across strata (None unless every case is correct)."""
-    strata: dict[str, list[float]] = {}
+    """Speedups by stratum and the score (None unless every case is correct)."""
+    strata: dict[str, list[float | None]] = {}
     for result in results:
         strata.setdefault(result.case["stratum"], []).append(result.speedup if result.correct else None)
-    per_stratum = {name: (geomean(v) if None not in v else None) for name, v in strata.items()}
-    valid = all(r.correct for r in results) and None not in per_stratum.values()
-    score = len(per_stratum) / sum(1 / v for v in per_stratum.values()) if valid and per_stratum else None
-    return {"strata": per_stratum, "score": score, "all_correct": all(r.correct for r in results)}
+    per_stratum, score = stratum_scores(strata)
+    correct = all(r.correct for r in results)
+    return {"strata": per_stratum, "score": score if correct else None, "all_correct": correct}
 
 
 def _check_mode(module, case, mode: str, device) -> tuple[dict, object]:
@@ -108,8 +114,8 @@ def evaluate_case(module, baseline, case, device, plan: TimingPlan, copy_gbps: f
         result.checks["after_timing"] = kh.check_output(fn(x, residual), ref, (case.m, case.n)).to_dict()
         result.correct = result.checks["after_timing"]["ok"]
         result.times_us = cand_times
-        result.median_us = sorted(cand_times)[len(cand_times) // 2]
-        result.baseline_median_us = sorted(base_times)[len(base_times) // 2]
+        result.median_us = kh.median(cand_times)
+        result.baseline_median_us = kh.median(base_times)
         result.speedup = result.baseline_median_us / result.median_us
         result.gbps = result.bytes / result.median_us / 1e3
         if copy_gbps:

@@ -42,7 +42,7 @@ from pathlib import Path
 from evals import kernel_harness as kh
 from evals.gates import ROLE_GATES, SETUP_STAGE
 from evals.loader import resolve_solution_dir
-from evals.selfcheck import geomean
+from evals.selfcheck import stratum_scores
 
 ROOT = Path(__file__).resolve().parent.parent
 V0_DIR = ROOT / "methods" / "versions" / "v0"
@@ -171,9 +171,8 @@ def summarize(cases: list[dict], gates_only: bool) -> dict:
     strata: dict[str, list] = {}
     for c in cases:
         strata.setdefault(c["case"]["stratum"], []).append(c["score"])
-    per_stratum = {name: (geomean(v) if v and None not in v else None) for name, v in strata.items()}
-    scored = bool(per_stratum) and None not in per_stratum.values() and not gates_only
-    score = len(per_stratum) / sum(1 / v for v in per_stratum.values()) if scored else None
+    per_stratum, score = stratum_scores(strata)
+    score = None if gates_only else score
     passed = bool(cases) and all(s != "fail" for s in statuses.values())
     return {"gates": statuses, "skipped": skipped, "strata": per_stratum, "score": score,
             "valid": passed and (gates_only or (not skipped and score is not None))}
