@@ -1,5 +1,5 @@
 """The instruments of a verifier role (evals/gates.py), none of which holds role state: the gate book, the spies,
-the output and input audits, the oracle over an input pool, and the timed-group clock.
+the output and input audits, and the oracle over an input pool.
 
 GateBook records each gate's status and evidence; Spies blames audit events, thread starts and stream selections on
 the candidate's own frames; tamper_snapshot names the handles whose identity must survive build and calls; the
@@ -25,9 +25,6 @@ POISON_COPIES = 16  # enough freed output-sized blocks that the next output land
 VALIDATE_CHUNK = 64  # outputs compared against the oracle at once (bounds fp64 scratch)
 EVIDENCE_CAP = 8
 REFERENCE_CHUNK = 64  # pool inputs per oracle pass (bounds its fp64 scratch)
-
-# the verifier's own handles, taken when the role imports this module, before any candidate code runs
-_perf_counter, _Event = time.perf_counter, torch.cuda.Event
 
 _STDLIB = tuple({sysconfig.get_paths()["stdlib"] + os.sep, sysconfig.get_paths()["platstdlib"] + os.sep})
 _WATCHED_EVENTS = frozenset(("open", "os.system", "subprocess.Popen", "os.posix_spawn", "os.spawn", "os.fork",
@@ -230,32 +227,6 @@ def heat(size: int, matmuls: int, device: torch.device) -> None:
     for _ in range(matmuls):
         a @ b
     kh.synchronize(device)
-
-
-def time_groups(fn, inputs: list[tuple], groups: int, device: torch.device, before_group) -> tuple[list[float], list]:
-    """Microseconds per call of each group of calls on ``inputs`` in order (CUDA events; perf_counter off CUDA), every
-    output kept. ``before_group(g)`` runs before group g, outside the timed region."""
-    outs, times = [], []
-    gc.disable()  # a collection inside a group is the verifier's noise, not the candidate's
-    try:
-        for group in range(groups):
-            before_group(group)
-            if device.type == "cuda":
-                start, end = _Event(enable_timing=True), _Event(enable_timing=True)
-                start.record()
-                for x, residual in inputs:
-                    outs.append(fn(x, residual))
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) * 1000 / len(inputs))
-            else:
-                began = _perf_counter()
-                for x, residual in inputs:
-                    outs.append(fn(x, residual))
-                times.append((_perf_counter() - began) * 1e6 / len(inputs))
-    finally:
-        gc.enable()
-    return times, outs
 
 
 def pin_to_one_core() -> int | None:

@@ -39,7 +39,7 @@ import torch
 from evals import kernel_harness as kh
 from evals import residency
 from evals.gate_spies import (EVIDENCE_CAP, POISON_BITS, GateBook, Spies, changed_inputs, heat, overlaps, pin_to_one_core,
-                              poison_allocator, references, same_values, structure_problem, tamper_snapshot, time_groups,
+                              poison_allocator, references, same_values, structure_problem, tamper_snapshot,
                               validate, write_unversioned)
 from evals.loader import load_solution, unload_solution
 from evals.selfcheck import CANDIDATE_ERRORS, error_record
@@ -266,7 +266,8 @@ class Role:
         self.calls += s.untimed_calls
         kh.synchronize(device)
         inputs = [pool[i % len(pool)] for i in range(s.calls_per_group)]  # distinct within a group
-        times, timed = time_groups(self.fn, inputs, s.groups, device, before_group=self.refill)
+        timed: list = []
+        times = kh.time_groups(self.fn, inputs, s.groups, len(inputs), before_group=self.refill, keep=timed)
         self.calls += len(timed)
         self.record["times_us"] = times
         self.record["median_us"] = median = kh.median(times)

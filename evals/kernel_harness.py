@@ -9,6 +9,7 @@ Everything here is plain torch; solutions never import it (they get tensors, not
 """
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -31,6 +32,8 @@ U32 = 2.0**-24  # unit roundoff of fp32
 # max |d act / dz| over the reals: silu peaks at 1.0998, gelu_tanh at 1.1289.
 ACT_LIPSCHITZ = 1.13
 FP16_MAX = 65504.0
+# the evaluator's clocks, taken before any solution is imported, so that a patched timer cannot reach them
+_perf_counter, _Event = time.perf_counter, torch.cuda.Event
 
 
 # ----------------------------------------------------------------------------------------------------- encoding
@@ -309,6 +312,10 @@ def check_output(out, ref: Reference, shape: tuple[int, int]) -> CheckResult:
 
 
 # ----------------------------------------------------------------------------------------------------- device and timing
+class SetupError(RuntimeError):
+    """The machine is not set up to evaluate (the user's environment, not the candidate)."""
+
+
 @dataclass
 class DeviceInfo:
     device: torch.device
@@ -321,7 +328,7 @@ def select_device() -> DeviceInfo:
     """CUDA when present; else CPU tensors under the Triton interpreter, which must be set before triton loads."""
     if torch.cuda.is_available():
         if os.environ.get("TRITON_INTERPRET") == "1":
-            raise RuntimeError("TRITON_INTERPRET=1 is set on a CUDA machine; unset it to run kernels on the GPU")
+            raise SetupError("TRITON_INTERPRET=1 is set on a CUDA machine; unset it to run kernels on the GPU")
         name = torch.cuda.get_device_name()
         return DeviceInfo(torch.device("cuda"), False, name, f"running on CUDA: {name}")
     os.environ["TRITON_INTERPRET"] = "1"
@@ -344,10 +351,14 @@ def median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
 
 
-def time_groups(fn: Callable, inputs: list[tuple], groups: int, calls_per_group: int, warmup: int = 0) -> list[float]:
+def time_groups(fn: Callable, inputs: list[tuple], groups: int, calls_per_group: int, warmup: int = 0,
+                before_group: Callable[[int], None] | None = None, keep: list | None = None) -> list[float]:
     """Microseconds per call for each of ``groups`` groups of ``calls_per_group`` calls, cycling through ``inputs``.
 
-    On CUDA each group is timed with a pair of CUDA events; on CPU with ``time.perf_counter`` (not GPU timing).
+    On CUDA each group is timed with a pair of CUDA events; on CPU with ``time.perf_counter`` (not GPU timing). Both
+    clocks are the ones taken when this module loaded, before any candidate code could replace them. The cyclic
+    garbage collector is off during the groups (a collection there is the evaluator's noise). ``before_group(g)``
+    runs before group g, outside the timed region; ``keep`` collects every output of the groups.
     """
     device = inputs[0][0].device
     count = len(inputs)
@@ -356,22 +367,29 @@ def time_groups(fn: Callable, inputs: list[tuple], groups: int, calls_per_group:
     synchronize(device)
     times = []
     call = 0
-    for _ in range(groups):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+    gc.disable()
+    try:
+        for group in range(groups):
+            if before_group is not None:
+                before_group(group)
+            if device.type == "cuda":
+                start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+                start.record()
+            else:
+                began = _perf_counter()
             for _ in range(calls_per_group):
-                fn(*inputs[call % count])
+                out = fn(*inputs[call % count])
+                if keep is not None:
+                    keep.append(out)
                 call += 1
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1000 / calls_per_group)
-        else:
-            t0 = time.perf_counter()
-            for _ in range(calls_per_group):
-                fn(*inputs[call % count])
-                call += 1
-            times.append((time.perf_counter() - t0) * 1e6 / calls_per_group)
+            if device.type == "cuda":
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) * 1000 / calls_per_group)
+            else:
+                times.append((_perf_counter() - began) * 1e6 / calls_per_group)
+    finally:
+        gc.enable()
     return times
 
 

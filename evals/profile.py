@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             ncu_target(solution, args.ncu_target)
             return 0
         report = run(solution, args.panel, args.ncu, log=lambda line: print(line, flush=True))
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, kh.SetupError) as exc:
         print(f"profile: {exc}", file=sys.stderr)
         return 2
     if args.json:

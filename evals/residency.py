@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         solution = resolve_solution_dir(args.solution)
         report = run(solution, args.panel, args.calls, log=lambda line: print(line, flush=True))
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, kh.SetupError) as exc:
         print(f"residency: {exc}", file=sys.stderr)
         return 2
     print("residency guard: " + ("every case within the contract" if report["ok"] else "FAILED"))

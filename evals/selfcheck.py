@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         resolve_solution_dir(args.solution)
         report = run(Path(args.solution), args.panel, Path(args.baseline), log=lambda line: print(line, flush=True))
-    except (FileNotFoundError, ValueError) as exc:  # bad panel or baseline path: the user's input, not the candidate's
+    except (FileNotFoundError, ValueError, kh.SetupError) as exc:  # the user's paths or machine, not the candidate
         print(f"selfcheck: {exc}", file=sys.stderr)
         return 2
     print_summary(report)

@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         solution = resolve_solution_dir(args.solution)
         baseline = resolve_solution_dir(args.baseline)
         kh.load_panel(args.panel)
-    except (FileNotFoundError, ValueError) as exc:  # the user's paths, not the candidate's failure
+    except (FileNotFoundError, ValueError, kh.SetupError) as exc:  # the user's paths, not the candidate's failure
         print(f"verifier: {exc}", file=sys.stderr)
         return 2
     report = judge(solution, args.panel, baseline, args.gates_only, args.schedule, log=lambda line: print(line, flush=True))
