@@ -47,8 +47,8 @@ verify: ## the sealed judge, 3 roles per case: SOLUTION=methods/main PANEL=~/.kl
 gates: ## every hard gate but timing, fast (CPU: Triton interpreter): SOLUTION=methods/main PANEL=smoke
 	$(PY) -m evals.verifier --solution $(SOLUTION) --panel $(PANEL) --gates-only $(if $(JSON),--json $(JSON))
 
-sealed-panel: ## draw a sealed panel outside the repository: SEED=1 [OUT=path]
-	$(PY) -m evals.verifier make-panel --seed $(SEED) $(if $(OUT),--out $(OUT))
+sealed-panel: ## draw a sealed panel outside the repository: SEED=1 [FILE=path]
+	$(PY) -m evals.verifier make-panel --seed $(SEED) $(if $(FILE),--out $(FILE))
 
 policy: ## the source policy on a solution's files: SOLUTION=methods/main
 	$(PY) -m evals.policy $(SOLUTION)/*.py

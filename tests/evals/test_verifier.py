@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -234,6 +235,11 @@ def test_v0_against_itself_on_the_visible_panel_scores_one(tmp_path):
     wall_s = time.monotonic() - began
     report = json.loads(out.read_text())
     print(run.stdout, f"wall {wall_s:.0f} s")
+    if os.environ.get("KLOOP_EVIDENCE"):  # the run's report and table, for a closing note
+        evidence = Path(os.environ["KLOOP_EVIDENCE"])
+        evidence.mkdir(parents=True, exist_ok=True)
+        shutil.copy(out, evidence / "verify_v0_v0.json")
+        (evidence / "verify_v0_v0.log").write_text(run.stdout + run.stderr + f"\nwall {wall_s:.0f} s\n")
     assert run.returncode == 0 and report["valid"], run.stdout
     for case in report["cases"]:
         assert case["gates"]["dispersion"]["status"] == "pass" and case["gates"]["baseline_agreement"]["status"] == "pass"

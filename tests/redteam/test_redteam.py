@@ -92,11 +92,29 @@ def judge_all(solutions: dict, case: dict, root) -> dict:
 @pytest.fixture(scope="module")
 def verdicts(tmp_path_factory):
     solutions = {name: args for name, (_, args, _) in CHEATS.items()} | dict.fromkeys(HONEST, GATES_ONLY)
-    return judge_all(solutions, CASE, tmp_path_factory.mktemp("redteam"))
+    verdicts = judge_all(solutions, CASE, tmp_path_factory.mktemp("redteam"))
+    write_table(verdicts, {"cpu": CHEATS}, "redteam_cpu")
+    return verdicts
 
 
 def fired(report) -> list[str]:
     return report["cases"][0]["failed"]
+
+
+def write_table(verdicts: dict, tables: dict, name: str) -> None:
+    """The red-team table (solution, gate expected, gates that fired) into $KLOOP_EVIDENCE/<name>.md when that
+    folder is set: the evidence a closing note quotes."""
+    folder = os.environ.get("KLOOP_EVIDENCE")
+    if not folder:
+        return
+    rows = ["| solution | gate expected | gates that fired | exit |", "|---|---|---|---|"]
+    for solution, (run, report) in sorted(verdicts.items()):
+        expected = next((t[solution][0] for t in tables.values() if solution in t), "none (honest)")
+        got = ", ".join(fired(report)) if report else "no report"
+        rows.append(f"| {solution} | {expected} | {got or 'none'} | {run.returncode} |")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"{name}.md"), "w") as f:
+        f.write("\n".join(rows) + "\n")
 
 
 def assert_rejected(name, verdict, table=CHEATS):
@@ -143,6 +161,7 @@ def test_the_whole_red_team_on_cuda(tmp_path):
     solutions = {name: args for name, (_, args, _) in CHEATS.items()} | dict.fromkeys(HONEST, GATES_ONLY)
     verdicts = judge_all(solutions | {"side_stream": GATES_ONLY}, CASE, tmp_path / "small")
     verdicts |= judge_all({"cache_after_warmup": ()}, LARGE_CASE, tmp_path / "large")
+    write_table(verdicts, {"cpu": CHEATS, "gpu": GPU_CHEATS}, "redteam_cuda")
     for name in CHEATS:
         assert_rejected(name, verdicts[name])
     for name in GPU_CHEATS:
