@@ -117,7 +117,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.iters is not None:
             config.iters = args.iters
             state.config["iters"] = args.iters
-        state.status, state.pid = "running", os.getpid()
+        state.status, state.pid, state.stop_reason = "running", os.getpid(), ""
         fresh = False
     else:
         if args.iters is None:

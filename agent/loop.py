@@ -53,6 +53,7 @@ class Run:
                 self.step()
         except LimitsExceeded as exc:
             self.state.status = "finished" if self.state.attempts >= self.config.iters else "stopped"
+            self.state.stop_reason = str(exc)
             self.display.line(f"run {self.state.run_id} {self.state.status}: {exc}")
         except BaseException:
             self.state.status = "failed"

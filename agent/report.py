@@ -141,7 +141,8 @@ def sections(task: Task, data: RunData) -> list[tuple[str, object]]:
     best = s.best_label
     header = [["commit", f"{env['commit']}{' (dirty)' if env['dirty'] else ''}"], ["GPU", env["gpu"]], ["driver", env["driver"]],
               ["torch / triton", f"{env['torch']} / {env['triton']}"], ["backend / model", f"{s.config.get('backend')} / {s.config.get('model') or '-'}"],
-              ["panel", str(s.config.get("panel"))], ["status", f"{s.status}, {s.attempts} of {s.config.get('iters')} attempts"],
+              ["panel", str(s.config.get("panel"))], ["status", f"{s.status}, {s.attempts} of {s.config.get('iters')} attempts"
+                                                    + (f" ({s.stop_reason})" if s.stop_reason else "")],
               ["tokens / cost", f"{s.tokens} / ${s.cost_usd:.4f}"], ["wall time", f"{s.wall_s / 60:.1f} min"],
               ["timing", "CUDA events on the GPU" if s.config.get("cuda") else "Triton interpreter wall times on CPU: not GPU timings"]]
     promote = (f"`make promote V={best.removeprefix('v')}` (or `python -m agent promote {best}`)" if best.startswith("v") and best != s.start_label

@@ -99,6 +99,7 @@ class RunState:
     wall_s: float = 0.0
     history: list[dict] = field(default_factory=list)
     last_verdict: dict | None = None
+    stop_reason: str = ""  # why the last session stopped (limits, the search exhausted, Ctrl-C)
 
     def save(self, state_dir: Path) -> None:
         state_dir.mkdir(parents=True, exist_ok=True)

@@ -1,13 +1,18 @@
-"""The offline proposer: a coordinate search over the solution's tuning table, needing no network.
+"""The offline proposer: a coordinate search over the solution's tuning tables, needing no network.
 
-The search space is discovered from the keys of the dict literal that ``get_config()`` returns, so knobs another
-engineer adds later (split-K, reduction modes) are searched as well. Each attempt changes one knob to a neighbouring
-value, in an order chosen from the last profile, and never proposes a solution already in the ledger (by sha256).
+The tables are the dict literal that ``get_config()`` returns (the general configuration) and, when the solution has
+one, each dict literal of a module-level ``TIERS = [{...}, ...]`` list (per-shape overrides selected by their
+``N_MIN``/``N_MAX``/``K_MIN``/``K_MAX`` range). The search space is discovered from the tables' keys, so knobs another
+engineer adds later are searched as well. Each attempt changes one knob to a neighbouring value, in an order chosen
+from the last profile (the weaker stratum first); once every single-knob neighbour of the best is in the ledger, it
+combines two of them. It never proposes a solution already in the ledger (by sha256).
 """
 from __future__ import annotations
 
 import ast
 import hashlib
+import itertools
+import operator
 from dataclasses import dataclass
 
 from agent.exceptions import LimitsExceeded, ProposerError
@@ -17,13 +22,20 @@ from agent.tools import Tools
 
 # The values worth trying per known knob; an unknown int knob tries half and double, a bool its negation.
 SEARCH_SPACE: dict[str, list] = {
-    "BLOCK_SIZE_N": [32, 64, 128, 256],
+    "BLOCK_SIZE_N": [16, 32, 64, 128, 256],
     "BLOCK_SIZE_M": [16, 32],  # tl.dot needs at least 16 rows
     "num_warps": [2, 4, 8],
     "num_stages": [2, 3, 4, 5],
-    "SPLIT_K": [1, 2, 4, 8, 16],
+    "SPLIT_K": [1, 2, 4, 8, 16],  # from 0 (where a solution documents 0 as its own choice) the nearest is 1
+    "MIN_PROGRAMS": [132, 264, 396, 528],
+    "UNPACK": [0, 1],
+    "MAGIC": [0, 1],
+    "REDUCE_BLOCK": [256, 512, 1024, 2048],
+    "REDUCE_WARPS": [2, 4, 8],
 }
-FIXED = {"BLOCK_SIZE_K", "GROUP_SIZE"}  # one scale row per K step: BLOCK_SIZE_K must stay the quantization group
+# one scale row per K step: BLOCK_SIZE_K must stay the quantization group; a tier's range is what it covers, not a knob
+FIXED = {"BLOCK_SIZE_K", "GROUP_SIZE", "N_MIN", "N_MAX", "K_MIN", "K_MAX"}
+STRATA_N = {"balanced": (4096, 1 << 62), "expert-batch": (1, 2048)}  # SPEC.md's N ranges of the two strata
 
 # Why a move could help: (knob, direction) -> hypothesis tail.
 REASONS: dict[tuple[str, int], str] = {
@@ -36,21 +48,14 @@ REASONS: dict[tuple[str, int], str] = {
     ("num_stages", +1): "a deeper pipeline keeps more weight loads in flight; expect the weight stream nearer copy bandwidth",
     ("num_stages", -1): "less shared memory per program lets more programs stay resident",
     ("SPLIT_K", +1): "more programs along K fill the SMs for small N; expect expert-batch cases faster",
-    ("SPLIT_K", -1): "less reduction work and traffic; expect balanced cases faster",
+    ("SPLIT_K", -1): "less reduction work and traffic (and fewer launches); expect balanced cases faster",
+    ("MIN_PROGRAMS", +1): "more split-K programs per SM hide memory latency",
+    ("MIN_PROGRAMS", -1): "fewer split-K programs cut the partial-sum traffic of the reduction",
+    ("UNPACK", +1): "load the word of every row (L1 serves the repeats) instead of expanding one load by reshape",
+    ("UNPACK", -1): "load each packed word once and expand it in registers",
+    ("MAGIC", +1): "convert codes to fp16 through the 0x6400 exponent trick instead of an int-to-float conversion",
+    ("MAGIC", -1): "a plain int-to-float conversion, in case the bit trick costs layout conversions",
 }
-
-
-@dataclass
-class Table:
-    """The dict literal returned by get_config(): its span in the source and its entries (value source kept)."""
-
-    start: int
-    end: int
-    entries: dict[str, object]  # a literal value, or ast.AST source text for anything computed
-
-    def render(self, source: str, changes: dict[str, object]) -> str:
-        items = ", ".join(f'"{k}": {_literal(changes.get(k, v))}' for k, v in self.entries.items())
-        return source[: self.start] + "{" + items + "}" + source[self.end:]
 
 
 class _Source(str):
@@ -61,22 +66,103 @@ def _literal(value: object) -> str:
     return str(value) if isinstance(value, _Source) else repr(value)
 
 
-def find_table(source: str) -> Table:
-    tree = ast.parse(source)
-    function = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "get_config"), None)
-    returned = next((n.value for n in ast.walk(function) if isinstance(n, ast.Return)), None) if function else None
-    if not isinstance(returned, ast.Dict) or not all(isinstance(k, ast.Constant) and isinstance(k.value, str) for k in returned.keys):
-        raise ProposerError("the offline proposer needs `def get_config(): return {\"KNOB\": value, ...}` in solution.py")
+@dataclass
+class Table:
+    """One dict literal of the solution: its span in the source, its entries (value source kept) and the strata of
+    the visible panel it decides."""
+
+    name: str  # "config" or "TIERS[i]"
+    start: int
+    end: int
+    entries: dict[str, object]
+    strata: frozenset[str]
+
+    def text(self, changes: dict[str, object]) -> str:
+        return "{" + ", ".join(f'"{k}": {_literal(changes.get(k, v))}' for k, v in self.entries.items()) + "}"
+
+    def render(self, source: str, changes: dict[str, object]) -> str:
+        """The source with this table's changes (the single-table form the tests use)."""
+        return render(source, [self], {(self.name, k): v for k, v in changes.items()})
+
+
+def render(source: str, tables: list[Table], changes: dict[tuple[str, str], object]) -> str:
+    """``source`` with every changed (table, knob) rewritten; tables are replaced from the last to the first."""
+    for table in sorted(tables, key=lambda t: t.start, reverse=True):
+        mine = {knob: value for (name, knob), value in changes.items() if name == table.name}
+        if mine:
+            source = source[: table.start] + table.text(mine) + source[table.end:]
+    return source
+
+
+def _span(source: str, node: ast.AST) -> tuple[int, int]:
     lines = source.splitlines(keepends=True)
     offset = [0]
     for line in lines:
         offset.append(offset[-1] + len(line))
+
+    def at(lineno: int, col: int) -> int:  # ast columns count UTF-8 bytes
+        return offset[lineno - 1] + len(lines[lineno - 1].encode()[:col].decode())
+
+    return at(node.lineno, node.col_offset), at(node.end_lineno, node.end_col_offset)
+
+
+def _entries(source: str, node: ast.Dict) -> dict[str, object]:
     entries: dict[str, object] = {}
-    for key, value in zip(returned.keys, returned.values):
+    for key, value in zip(node.keys, node.values):
         entries[key.value] = value.value if isinstance(value, ast.Constant) else _Source(ast.get_source_segment(source, value))
-    start = offset[returned.lineno - 1] + len(lines[returned.lineno - 1].encode()[: returned.col_offset].decode())
-    end = offset[returned.end_lineno - 1] + len(lines[returned.end_lineno - 1].encode()[: returned.end_col_offset].decode())
-    return Table(start, end, entries)
+    return entries
+
+
+def _string_keys(node: ast.AST) -> bool:
+    return isinstance(node, ast.Dict) and all(isinstance(k, ast.Constant) and isinstance(k.value, str) for k in node.keys)
+
+
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.LShift: operator.lshift}
+
+
+def _number(node: ast.AST) -> int | None:
+    """An int constant or an arithmetic of int constants (``1 << 40``, ``16 * 1024``), else None."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        left, right = _number(node.left), _number(node.right)
+        if left is not None and right is not None and (not isinstance(node.op, ast.LShift) or 0 <= right <= 64):
+            return _OPERATORS[type(node.op)](left, right)
+    return None
+
+
+def _tier_strata(node: ast.Dict) -> frozenset[str]:
+    """The strata whose N range meets the tier's [N_MIN, N_MAX] (both when the range cannot be read)."""
+    bounds = {k.value: _number(v) for k, v in zip(node.keys, node.values)}
+    low = bounds.get("N_MIN", 0) if "N_MIN" in bounds else 0
+    high = bounds.get("N_MAX", 1 << 62) if "N_MAX" in bounds else 1 << 62
+    if low is None or high is None:
+        return frozenset(STRATA_N)
+    return frozenset(s for s, (a, b) in STRATA_N.items() if low <= b and high >= a)
+
+
+def find_tables(source: str) -> list[Table]:
+    """The general table (required) and the tiers (optional), in source order of precedence: config, TIERS[0], ..."""
+    tree = ast.parse(source)
+    function = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "get_config"), None)
+    returned = next((n.value for n in ast.walk(function) if isinstance(n, ast.Return)), None) if function else None
+    if not _string_keys(returned):
+        raise ProposerError("the offline proposer needs `def get_config(): return {\"KNOB\": value, ...}` in solution.py")
+    tables = [Table("config", *_span(source, returned), _entries(source, returned), frozenset(STRATA_N))]
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else getattr(node, "target", None)
+        value = getattr(node, "value", None)
+        if isinstance(target, ast.Name) and target.id == "TIERS" and isinstance(value, ast.List):
+            for index, element in enumerate(value.elts):
+                if _string_keys(element):
+                    entries = _entries(source, element)
+                    tables.append(Table(f"TIERS[{index}]", *_span(source, element), entries, _tier_strata(element)))
+    return tables
+
+
+def find_table(source: str) -> Table:
+    """The general table alone (get_config's dict literal)."""
+    return find_tables(source)[0]
 
 
 def candidate_values(knob: str, value: object, direction: int) -> list[tuple[int, int, object]]:
@@ -96,14 +182,54 @@ def candidate_values(knob: str, value: object, direction: int) -> list[tuple[int
 def knob_order(entries: dict[str, object], profile: dict | None) -> tuple[list[str], int]:
     """Knobs in the order to try, and the preferred direction of BLOCK_SIZE_N (SPLIT_K the opposite), chosen from
     the weaker stratum of the profile: small-N expert-batch cases want more programs, balanced ones wider tiles."""
+    return _order(entries, weaker_stratum(profile))
+
+
+def weaker_stratum(profile: dict | None) -> str:
     strata = (profile or {}).get("strata") or {}
     balanced, expert = strata.get("balanced"), strata.get("expert-batch")
-    if balanced is not None and expert is not None and expert < balanced:
-        first, direction = ["SPLIT_K", "BLOCK_SIZE_N", "num_warps", "num_stages", "BLOCK_SIZE_M"], -1
+    return "expert-batch" if balanced is not None and expert is not None and expert < balanced else "balanced"
+
+
+def _order(entries: dict[str, object], stratum: str) -> tuple[list[str], int]:
+    if stratum == "expert-batch":
+        first, direction = ["SPLIT_K", "BLOCK_SIZE_N", "MIN_PROGRAMS", "num_warps", "num_stages", "BLOCK_SIZE_M"], -1
     else:  # the weight stream of the big cases is the default bottleneck
-        first, direction = ["BLOCK_SIZE_N", "num_stages", "num_warps", "BLOCK_SIZE_M", "SPLIT_K"], +1
+        first, direction = ["BLOCK_SIZE_N", "num_stages", "num_warps", "UNPACK", "MAGIC", "BLOCK_SIZE_M", "SPLIT_K"], +1
     order = [k for k in first if k in entries] + [k for k in entries if k not in first]
     return order, direction
+
+
+@dataclass(frozen=True)
+class Move:
+    rank: tuple
+    table: str
+    knob: str
+    current: object
+    value: object
+    reason: str
+
+
+def single_moves(tables: list[Table], profile: dict | None) -> list[Move]:
+    """Every one-knob neighbour of every table, nearest first; tables deciding the weaker stratum before the others.
+    A general knob that a tier overrides for every stratum decides nothing on the panel and is left out."""
+    weaker = weaker_stratum(profile)
+    shadowed = {knob for knob in tables[0].entries
+                if all(any(knob in t.entries and stratum in t.strata for t in tables[1:]) for stratum in STRATA_N)}
+    moves = []
+    for table_rank, table in enumerate(sorted(tables, key=lambda t: (weaker not in t.strata, len(t.strata), t.start))):
+        stratum = weaker if weaker in table.strata else next(iter(sorted(table.strata)), weaker)
+        order, direction = _order(table.entries, stratum)
+        for knob_rank, knob in enumerate(order):
+            if table.name == "config" and knob in shadowed:
+                continue
+            preferred = {"BLOCK_SIZE_N": direction, "SPLIT_K": -direction, "MIN_PROGRAMS": -direction,
+                         "BLOCK_SIZE_M": +1}.get(knob, +1)
+            current = table.entries[knob]
+            for distance, side, value in candidate_values(knob, current, preferred):
+                reason = REASONS.get((knob, +1 if value > current else -1), "explore the neighbouring value")
+                moves.append(Move((distance, table_rank, knob_rank, side), table.name, knob, current, value, reason))
+    return sorted(moves, key=lambda m: m.rank)
 
 
 class OfflineProposer:
@@ -115,26 +241,29 @@ class OfflineProposer:
         if read["returncode"]:
             raise ProposerError(read["output"])
         source = read["output"]
-        table = find_table(source)
+        tables = find_tables(source)
         ledger = tools.read_file(tools.task.ledger)["output"]
         tried = {parse_row(line).get("sha256") for line in ledger.splitlines() if line.startswith("| v")}
-        tried |= {_sha(source), _sha(table.render(source, {}))}  # the start, as written and as rendered
-        order, direction = knob_order(table.entries, context.profile)
-        moves = []  # every single-knob move; nearest neighbours of all knobs before farther values of any
-        for rank, knob in enumerate(order):
-            preferred = {"BLOCK_SIZE_N": direction, "SPLIT_K": -direction, "BLOCK_SIZE_M": +1}.get(knob, +1)
-            moves += [(distance, rank, side, knob, value)
-                      for distance, side, value in candidate_values(knob, table.entries[knob], preferred)]
-        for _, _, _, knob, value in sorted(moves, key=lambda move: move[:3]):
-            current = table.entries[knob]
-            proposal = table.render(source, {knob: value})
+        tried |= {_sha(source), _sha(render(source, tables, {}))}  # the start, as written and as rendered
+        singles = single_moves(tables, context.profile)
+        pairs = sorted(((a, b) for a, b in itertools.combinations(singles, 2) if (a.table, a.knob) != (b.table, b.knob)),
+                       key=lambda pair: (pair[0].rank[0] + pair[1].rank[0], pair[0].rank[1:], pair[1].rank[1:]))
+        for moves in itertools.chain(((m,) for m in singles), pairs):
+            proposal = render(source, tables, {(m.table, m.knob): m.value for m in moves})
             if _sha(proposal) in tried:
                 continue
-            reason = REASONS.get((knob, +1 if value > current else -1), "explore the neighbouring value")
-            config = ", ".join(f"{k}={_literal(v)}" for k, v in dict(table.entries, **{knob: value}).items())
+            where = {m.table for m in moves}
+            summary = " + ".join(f"{'' if m.table == 'config' else m.table + ' '}{m.knob} {m.current}->{m.value}" for m in moves)
+            reason = "; ".join(m.reason for m in moves)
+            if len(moves) > 1:
+                reason = f"every single-knob neighbour is in the ledger: combine two ({reason})"
+            config = " | ".join(("" if t.name == "config" else f"{t.name}: ")
+                                + ", ".join(f"{k}={_literal(v)}" for k, v in t.entries.items())
+                                for t in find_tables(proposal) if t.name in where)
             tools.write_file(solution, proposal)
-            tools.submit(f"{knob} {current}->{value}", f"{reason} (config: {config})")
-        raise LimitsExceeded("the offline search has tried every single-knob neighbour of the best configuration")
+            tools.submit(summary, f"{reason} (config: {config})")
+        raise LimitsExceeded("the offline search has tried every single-knob neighbour of the best configuration and "
+                             "every pair of them")
 
 
 def _sha(text: str) -> str:

@@ -39,6 +39,7 @@ def test_a_run_ends_with_a_report_and_an_index(project: Path, finished_run: str)
     for heading in ("## Run", "## Outcome", "## Score per iteration", "## Per case", "## Ledger rows of this run"):
         assert heading in markdown
     assert "Triton interpreter" in markdown and "not GPU timings" in markdown
+    assert "| status | finished, 2 of 2 attempts (2 of 2 iterations done) |" in markdown  # why it stopped
     assert "19x256x256-silu" in markdown and markdown.count(f"| {finished_run} |") == 2
     assert (out / "score.png").read_bytes().startswith(b"\x89PNG")
     page = (out / "report.html").read_text()

@@ -9,7 +9,7 @@ import pytest
 
 from agent.config import RunConfig, Task, from_dict
 from agent.evaluate import Evaluator
-from agent.exceptions import Submitted
+from agent.exceptions import LimitsExceeded, Submitted
 from agent.ledger import format_row, record, rows, unified_patch
 from agent.prompts import render
 from agent.proposers import IterationContext
@@ -130,3 +130,65 @@ def test_a_malformed_price_override_fails_at_construction_and_names_the_variable
             OpenAIProposer(OpenAIConfig(model="test-model"))
     monkeypatch.setenv("KLOOP_PRICE_PER_MTOK", " 0.5, 4 ")
     assert OpenAIProposer(OpenAIConfig(model="test-model")).prices == (0.5, 4.0)
+
+
+def mark_tried(tools, source: str) -> None:  # noqa: F811
+    ledger = tools.task.ledger_path
+    ledger.write_text(ledger.read_text() + format_row({"version": "v9", "sha256": hashlib.sha256(source.encode()).hexdigest()}) + "\n")
+
+
+def test_offline_search_combines_two_knobs_once_every_single_neighbour_is_in_the_ledger(tools):  # noqa: F811
+    start = (tools.candidate / "solution.py").read_text()
+    singles = set()
+    while True:
+        (tools.candidate / "solution.py").write_text(start)
+        proposal, submitted = propose(tools)
+        if " + " in submitted.summary:
+            break
+        assert submitted.summary not in singles
+        singles.add(submitted.summary)
+        mark_tried(tools, proposal)
+    assert len(singles) >= 10  # v0's five knobs, each with its neighbours
+    first, second = submitted.summary.split(" + ")
+    assert first in singles and second in singles and first.split()[0] != second.split()[0]
+    assert "combine two" in submitted.hypothesis
+    entries, base = find_table(proposal).entries, find_table(start).entries
+    assert sum(entries[k] != base[k] for k in base) == 2
+
+
+TIERED = '''GROUP_SIZE = 128
+
+
+def get_config():
+    return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "num_warps": 4}
+
+
+TIERS = [
+    {"N_MIN": 256, "N_MAX": 2048, "K_MIN": 128, "K_MAX": 1 << 40, "BLOCK_SIZE_N": 64, "SPLIT_K": 0, "num_warps": 4},
+    {"N_MIN": 4096, "N_MAX": 1 << 40, "K_MIN": 128, "K_MAX": 1 << 40, "BLOCK_SIZE_N": 32, "SPLIT_K": 1},
+]
+'''
+
+
+def test_offline_search_edits_the_tier_of_the_weaker_stratum_and_skips_shadowed_general_knobs(tools):  # noqa: F811
+    (tools.candidate / "solution.py").write_text(TIERED)
+    proposal, submitted = propose(tools, {"strata": {"balanced": 1.0, "expert-batch": 0.5}})
+    assert submitted.summary == "TIERS[0] SPLIT_K 0->1"  # the expert-batch tier, its first knob
+    assert proposal.replace('"SPLIT_K": 1, "num_warps": 4}', '"SPLIT_K": 0, "num_warps": 4}', 1) == TIERED
+    proposal, submitted = propose(tools, {"strata": {"balanced": 0.5, "expert-batch": 1.0}})
+    assert submitted.summary.startswith("TIERS[1] BLOCK_SIZE_N 32->64")
+    # BLOCK_SIZE_N and SPLIT_K of the general table are overridden by a tier for both strata: never proposed
+    seen = []
+    for _ in range(30):
+        (tools.candidate / "solution.py").write_text(TIERED)
+        try:
+            proposal, submitted = propose(tools)
+        except LimitsExceeded:
+            break
+        seen.append(submitted.summary)
+        mark_tried(tools, proposal)
+        compile(proposal, "solution.py", "exec")  # every rendering is valid Python
+    singles = [s for s in seen if " + " not in s]
+    assert not any(s.startswith(("BLOCK_SIZE_N", "SPLIT_K")) for s in singles)
+    assert any(s.startswith("num_warps") for s in singles)  # the general num_warps still decides the balanced tier
+    assert not any("K_MIN" in s or "N_MAX" in s for s in seen)  # a tier's range is not a knob

@@ -233,13 +233,15 @@ def test_v0_against_itself_on_the_visible_panel_scores_one(tmp_path):
     began = time.monotonic()
     run = verify("--solution", "methods/versions/v0", "--panel", "visible", "--json", out)
     wall_s = time.monotonic() - began
-    report = json.loads(out.read_text())
-    print(run.stdout, f"wall {wall_s:.0f} s")
-    if os.environ.get("KLOOP_EVIDENCE"):  # the run's report and table, for a closing note
+    print(run.stdout, run.stderr[-4000:], f"wall {wall_s:.0f} s")
+    if os.environ.get("KLOOP_EVIDENCE"):  # the run's table, log and report, for a closing note, before any assert
         evidence = Path(os.environ["KLOOP_EVIDENCE"])
         evidence.mkdir(parents=True, exist_ok=True)
-        shutil.copy(out, evidence / "verify_v0_v0.json")
-        (evidence / "verify_v0_v0.log").write_text(run.stdout + run.stderr + f"\nwall {wall_s:.0f} s\n")
+        (evidence / "verify_v0_v0.log").write_text(f"{run.stdout}\n{run.stderr}\nexit {run.returncode}, wall {wall_s:.0f} s\n")
+        if out.exists():
+            shutil.copy(out, evidence / "verify_v0_v0.json")
+    assert out.exists(), f"the verifier wrote no report (exit {run.returncode}): {run.stderr[-2000:]}"
+    report = json.loads(out.read_text())
     assert run.returncode == 0 and report["valid"], run.stdout
     for case in report["cases"]:
         assert case["gates"]["dispersion"]["status"] == "pass" and case["gates"]["baseline_agreement"]["status"] == "pass"
