@@ -1,4 +1,4 @@
-"""python -m agent run|status|clean-workspace: the command line of the loop."""
+"""python -m agent run|submit|status|report|promote|clean-workspace: the command line of the loop."""
 from __future__ import annotations
 
 import argparse
@@ -143,6 +143,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_submit(args: argparse.Namespace) -> int:
+    """A hand-written candidate through the loop as one attempt: the same checks, version, row and commit as any."""
+    source = Path(args.solution)
+    files = sorted(source.glob("*.py")) if source.is_dir() else [source]
+    if not files or not all(f.is_file() and f.suffix == ".py" for f in files):
+        raise SystemExit(f"agent: submit needs a solution.py or a folder holding one; got {args.solution}")
+    if "solution.py" not in {f.name for f in files}:
+        raise SystemExit(f"agent: {args.solution} has no solution.py (the entry point build() lives there)")
+    task = Task.load(ROOT, args.task)
+    calls = [{"tool": "write_file", "args": {"path": f"{task.candidate_dir}/{f.name}", "content": f.read_text()}}
+             for f in files]
+    calls.append({"tool": "submit", "args": {"summary": args.summary, "hypothesis": args.hypothesis or ""}})
+    scripts = ROOT / "workspace" / ".hand"
+    scripts.mkdir(parents=True, exist_ok=True)
+    script = scripts / f"{new_run_id()}.json"
+    script.write_text(json.dumps({"label": "hand", "calls": calls}))
+    args.script, args.backend, args.iters, args.resume, args.model = str(script), "scripted", 1, None, None
+    args.time_limit = args.cost_limit = None
+    return cmd_run(args)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     task = Task(root=ROOT)
     runs = all_runs(ROOT)
@@ -197,6 +218,15 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--full-check", action="store_true",
                      help="residency guard and gates on every correct candidate, not only on those that would be kept")
     run.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
+    submit = commands.add_parser("submit", help="evaluate and record a hand-written candidate as one attempt")
+    submit.add_argument("solution", help="a solution.py, or a folder whose *.py files (solution.py among them) replace the candidate's")
+    submit.add_argument("--summary", required=True, help="what changed (the ledger row's summary)")
+    submit.add_argument("--hypothesis", help="why it should be faster")
+    submit.add_argument("--panel", default="visible", help="visible, smoke or a panel JSON file")
+    submit.add_argument("--from", dest="start_from", default="main", help="main or vN: the parent it is compared with")
+    submit.add_argument("--task", help=argparse.SUPPRESS)
+    submit.add_argument("--full-check", action="store_true", help="residency guard and gates even if it is not faster")
+    submit.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
     status = commands.add_parser("status", help="runs, best versions, last ledger rows")
     status.add_argument("--rows", type=int, default=5)
     commands.add_parser("clean-workspace", help="remove the worktrees of finished runs")
@@ -207,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     promote_cmd.add_argument("--force", action="store_true", help="promote even if a check fails (recorded in the ledger)")
     promote_cmd.add_argument("--panel", help="visible, smoke or a panel JSON file (default visible, smoke without CUDA)")
     args = parser.parse_args(argv)
-    commands_by_name = {"run": cmd_run, "status": cmd_status, "clean-workspace": cmd_clean, "report": cmd_report,
+    commands_by_name = {"run": cmd_run, "submit": cmd_submit, "status": cmd_status, "clean-workspace": cmd_clean, "report": cmd_report,
                         "promote": cmd_promote}
     return commands_by_name[args.command](args)
 

@@ -1,7 +1,8 @@
 """Replays a fixed list of tool calls, so tests run the real loop with no model and no mocks.
 
 The script is a JSON list of ``{"tool": name, "args": {...}}``; each ``submit`` ends an iteration. An entry
-``{"raw": ...}`` is passed to the dispatcher as given, so a malformed call can be scripted too.
+``{"raw": ...}`` is passed to the dispatcher as given, so a malformed call can be scripted too. The script may also be
+``{"label": name, "calls": [...]}``: the label is the ledger's backend column (``hand`` for `python -m agent submit`).
 """
 from __future__ import annotations
 
@@ -16,14 +17,18 @@ from agent.tools import Tools
 class ScriptedProposer:
     label = "scripted"
 
-    def __init__(self, calls: list[dict]):
+    def __init__(self, calls: list[dict], label: str = "scripted"):
         self.calls = list(calls)
+        self.label = label
         self.position = 0
         self.transcript: list[tuple[str, dict]] = []  # (tool, result) for tests to assert on
 
     @classmethod
     def from_file(cls, path: str) -> "ScriptedProposer":
-        return cls(json.loads(Path(path).read_text()))
+        script = json.loads(Path(path).read_text())
+        if isinstance(script, dict):
+            return cls(script.get("calls", []), str(script.get("label") or "scripted"))
+        return cls(script)
 
     def iterate(self, context: IterationContext, tools: Tools) -> None:
         while self.position < len(self.calls):

@@ -113,3 +113,23 @@ def test_two_runs_at_once_never_share_a_version(project: Path, panel: Path):
     for entry in entries:
         assert json.loads((project / "methods" / "versions" / entry["version"] / "verdict.json").read_text())["stages"]
     assert os.path.isdir(project / "workspace" / states[0]["run_id"])
+
+
+def test_a_hand_written_candidate_is_submitted_as_one_attempt(project: Path, panel: Path, tmp_path: Path):
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    source = (project / "methods" / "versions" / "v0" / "solution.py").read_text()
+    (draft / "solution.py").write_text(source.replace('"BLOCK_SIZE_N": 64', '"BLOCK_SIZE_N": 32'))
+    done = run_agent(project, "submit", str(draft), "--summary", "narrower tiles by hand", "--hypothesis", "more programs",
+                     "--from", "v0", "--panel", str(panel))
+    assert "backend hand" in done.stdout
+    (row,) = ledger_rows(project)[1:]
+    cells = [c.strip() for c in row.strip("|").split(" | ")]
+    assert cells[0] == "v1" and cells[3] == "hand" and cells[4] == "v0" and cells[6] == "yes"
+    assert cells[5] == "narrower tiles by hand; hypothesis: more programs"
+    assert (project / "methods" / "versions" / "v1" / "solution.py").read_text() == (draft / "solution.py").read_text()
+    (state,) = runs(project)
+    assert state["attempts"] == 1 and state["config"]["backend"] == "scripted"
+    missing = subprocess.run(agent_command("submit", str(tmp_path / "nothing"), "--summary", "x"), cwd=project,
+                             env=agent_env(), capture_output=True, text=True)
+    assert missing.returncode != 0 and "needs a solution.py" in missing.stderr

@@ -1,0 +1,313 @@
+"""W4A16 GEMM with a fused bias + activation + residual epilogue: per-shape tiles, split-K, minimal host path.
+
+Contract (SPEC.md):
+    build(qweight, scales, bias, epilogue) -> fn;  fn(x, residual) -> out
+    qweight  int32 (K // 8, N)   word [k // 8, n] holds the codes of rows 8(k // 8) .. +7, row 8j + i in bits 4i..4i+3
+    scales   fp16  (K // 128, N) one scale per 128-row group and column
+    bias     fp16  (N,)
+    x        fp16  (M, K);  residual fp16 (M, N);  out fp16 (M, N), a fresh tensor on every call
+    W[k, n] = (code[k, n] - 8) * scales[k // 128, n];   out = act(x @ W + bias) + residual,  act in {silu, gelu_tanh}
+
+A hand-written draft (not yet an attempt in the ledger): submit it with `python -m agent submit methods/drafts/splitk
+--from v1 --summary ...` on a GPU, then let the offline search tune its tables (`--from vN`).
+
+Design:
+- One K step is one 128-row quantization group. UNPACK 0 loads each packed int32 word once, as a
+  [BLOCK_K // 8, BLOCK_N] tile, and expands it to [BLOCK_K, BLOCK_N] codes by shifting a [BLOCK_K // 8, 8, BLOCK_N]
+  broadcast and reshaping (row 8j + i is nibble i of word j); UNPACK 1 loads the word of every row, as v0 does.
+  MAGIC 1 turns codes into fp16 through the 0x6400 exponent trick. SCALE_AFTER_DOT 1 feeds the integer-valued codes
+  minus 8 (exact in fp16) to tl.dot and multiplies the fp32 partial by the group's scale; 0 scales the fp16 tile first.
+- Split-K without atomics: with SPLIT_K > 1 the main kernel writes fp32 partials to a per-call workspace
+  (SPLIT_K, M, N) and a second kernel sums them and applies bias, activation and residual. With SPLIT_K == 1 the main
+  kernel applies the epilogue itself (one launch). Split s covers groups [s*G // S, (s+1)*G // S).
+- Host path: per M, the plan, the grid and a compiled-kernel launcher (CUDA, not interpreted) are built once; a call
+  is a few checks, torch.empty for the output (and the workspace when split) and one or two launches.
+Nothing is retained at build besides references to the caller's tensors and small Python objects.
+"""
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.jit import JITFunction
+
+GROUP_SIZE = 128
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
+
+
+# ------------------------------------------------------------------------------------------------ tuning (plain data)
+def get_config():
+    # General configuration: used for every shape that no tier below claims. BLOCK_SIZE_K must equal GROUP_SIZE.
+    # BLOCK_SIZE_M is the largest M tile; smaller M uses max(16, next power of two of M).
+    # SPLIT_K 0 means automatic: the fewest splits giving at least MIN_PROGRAMS programs.
+    # UNPACK 0: load each word once and reshape; 1: load the word of every row (v0 style, relies on L1).
+    # MAGIC 1: int -> fp16 through the 0x6400 exponent trick; 0: plain conversion.
+    # SCALE_AFTER_DOT 1: the group's scale multiplies the fp32 partial product; 0: it multiplies the fp16 weight tile
+    # before the dot (as v0 does).
+    return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 132,
+            "UNPACK": 0, "MAGIC": 1, "SCALE_AFTER_DOT": 1, "REDUCE_BLOCK": 1024, "REDUCE_WARPS": 4, "num_warps": 4,
+            "num_stages": 3}
+
+
+# Per-shape overrides: the first tier whose N and K ranges hold the shape updates the general configuration.
+TIERS = [
+    # expert-batch: N <= 2048, deep K. Few N tiles, so split K until about two programs per SM (132 SMs). On the
+    # H200 (2026-11-30, this tier as written) the visible expert-batch cases ran in 26-28 us against v0's 62-121 us.
+    {"N_MIN": 256, "N_MAX": 2048, "K_MIN": 128, "K_MAX": 1 << 40,
+     "BLOCK_SIZE_N": 64, "SPLIT_K": 0, "MIN_PROGRAMS": 264, "num_warps": 4, "num_stages": 3},
+    # balanced: N >= 4096. Narrow N tiles give 128..896 programs without split-K: one launch. The one-load reshape
+    # with the scale after the dot was 0.86-1.20x v0 here, slower than v0's per-row loads at BLOCK_SIZE_N 32 (ledger
+    # v1, 1.03-1.65x), so this tier starts from v1's kernel: per-row loads, plain conversion, scale before the dot.
+    {"N_MIN": 4096, "N_MAX": 1 << 40, "K_MIN": 128, "K_MAX": 1 << 40,
+     "BLOCK_SIZE_N": 32, "SPLIT_K": 1, "MIN_PROGRAMS": 132, "UNPACK": 1, "MAGIC": 0, "SCALE_AFTER_DOT": 0,
+     "num_warps": 4, "num_stages": 3},
+]
+
+_TIER_RANGE_KEYS = ("N_MIN", "N_MAX", "K_MIN", "K_MAX")
+
+
+def _next_pow2(value):
+    return 1 << max(0, int(value) - 1).bit_length()
+
+
+def plan(M, K, N, overrides=None):
+    """The launch configuration for one (M, K, N): general config, updated by the matching tier and ``overrides``."""
+    config = dict(get_config())
+    for tier in TIERS:
+        if tier["N_MIN"] <= N <= tier["N_MAX"] and tier["K_MIN"] <= K <= tier["K_MAX"]:
+            config.update({key: value for key, value in tier.items() if key not in _TIER_RANGE_KEYS})
+            break
+    if overrides:
+        config.update(overrides)
+    if config["BLOCK_SIZE_K"] != GROUP_SIZE:
+        raise ValueError(f"BLOCK_SIZE_K must equal the quantization group {GROUP_SIZE}; got {config['BLOCK_SIZE_K']}")
+    block_m = max(16, min(_next_pow2(config["BLOCK_SIZE_M"]), _next_pow2(M)))
+    block_n = max(16, min(_next_pow2(config["BLOCK_SIZE_N"]), 256))
+    while N % block_n:
+        block_n //= 2
+    groups = K // GROUP_SIZE
+    tiles = triton.cdiv(M, block_m) * (N // block_n)
+    split_k = int(config["SPLIT_K"])
+    if split_k <= 0:
+        split_k = triton.cdiv(int(config["MIN_PROGRAMS"]), tiles)
+    # every split owns at least one whole group; the remainder groups spread one each over some splits
+    split_k = max(1, min(split_k, groups))
+    config.update({"BLOCK_SIZE_M": block_m, "BLOCK_SIZE_N": block_n, "SPLIT_K": split_k,
+                   "M_TILES": triton.cdiv(M, block_m), "N_TILES": N // block_n})
+    return config
+
+
+# ------------------------------------------------------------------------------------------------ kernels
+@triton.jit
+def _act_residual(z, residual, ACTIVATION: tl.constexpr):
+    if ACTIVATION == 0:  # silu
+        y = z * tl.sigmoid(z)
+    else:  # gelu_tanh: 0.5 z (1 + tanh(a)) == z * sigmoid(2a)
+        inner = 0.7978845608028654 * (z + 0.044715 * z * z * z)
+        y = z * tl.sigmoid(2.0 * inner)
+    return y + residual.to(tl.float32)
+
+
+@triton.jit
+def w4a16_main_kernel(
+    x_ptr, q_ptr, s_ptr, b_ptr, r_ptr, out_ptr, ws_ptr, M,
+    N: tl.constexpr, K: tl.constexpr, ACTIVATION: tl.constexpr, SPLIT_K: tl.constexpr,
+    UNPACK: tl.constexpr, MAGIC: tl.constexpr, SCALE_AFTER_DOT: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+):
+    GROUPS: tl.constexpr = K // BLOCK_SIZE_K
+    WORDS: tl.constexpr = BLOCK_SIZE_K // 8
+    # M tiles vary fastest, so programs that share a weight tile run side by side.
+    m_tiles = tl.cdiv(M, BLOCK_SIZE_M)
+    pid = tl.program_id(0)
+    pid_m = pid % m_tiles
+    pid_n = pid // m_tiles
+    if SPLIT_K == 1:
+        g_start = 0
+        g_end = GROUPS
+    else:
+        pid_k = tl.program_id(1)
+        g_start = (pid_k * GROUPS) // SPLIT_K
+        g_end = ((pid_k + 1) * GROUPS) // SPLIT_K
+
+    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    mask_m = offs_m < M
+    rows = offs_m.to(tl.int64)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+
+    x_ptrs = x_ptr + rows[:, None] * K + (g_start * BLOCK_SIZE_K + offs_k)[None, :]
+    if UNPACK == 0:
+        offs_w = tl.arange(0, WORDS)
+        q_ptrs = q_ptr + (g_start * WORDS + offs_w)[:, None] * N + offs_n[None, :]
+        shifts = tl.arange(0, 8) * 4
+    else:
+        q_ptrs = q_ptr + (g_start * WORDS + offs_k // 8)[:, None] * N + offs_n[None, :]
+        shifts = (offs_k % 8) * 4
+    s_ptrs = s_ptr + g_start * N + offs_n
+
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for _ in range(g_start, g_end):
+        x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
+        words = tl.load(q_ptrs)
+        if UNPACK == 0:
+            codes = (words[:, None, :] >> shifts[None, :, None]) & 0xF
+            codes = tl.reshape(codes, (BLOCK_SIZE_K, BLOCK_SIZE_N))
+        else:
+            codes = (words >> shifts[:, None]) & 0xF
+        if MAGIC:
+            # 0x6400 | c is the fp16 1024 + c (ulp 1 at 1024): exact; minus 1032 gives c - 8 exactly.
+            w = (codes | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1032.0
+        else:
+            w = (codes - 8).to(tl.float16)
+        scale = tl.load(s_ptrs)
+        if SCALE_AFTER_DOT:
+            part = tl.dot(x, w)  # exact products of integer-valued weights, fp32 accumulation
+            acc += part * scale.to(tl.float32)[None, :]
+        else:  # v0's order: a scaled fp16 weight tile (exact for the task's 7-bit scales), one fused dot
+            acc = tl.dot(x, w * scale[None, :], acc)
+        x_ptrs += BLOCK_SIZE_K
+        q_ptrs += WORDS * N
+        s_ptrs += N
+
+    if SPLIT_K == 1:
+        acc += tl.load(b_ptr + offs_n).to(tl.float32)[None, :]
+        io = rows[:, None] * N + offs_n[None, :]
+        residual = tl.load(r_ptr + io, mask=mask_m[:, None], other=0.0)
+        y = _act_residual(acc, residual, ACTIVATION)
+        tl.store(out_ptr + io, y.to(tl.float16), mask=mask_m[:, None])
+    else:
+        ws = ws_ptr + (pid_k.to(tl.int64) * M + rows[:, None]) * N + offs_n[None, :]
+        tl.store(ws, acc, mask=mask_m[:, None])
+
+
+@triton.jit
+def w4a16_reduce_kernel(
+    ws_ptr, b_ptr, r_ptr, out_ptr, TOTAL,
+    N: tl.constexpr, ACTIVATION: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
+):
+    # The (M, N) output flattened: TOTAL = M * N elements; the workspace is SPLIT_K such planes.
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < TOTAL
+    ws_ptrs = ws_ptr + offs
+    z = tl.load(ws_ptrs, mask=mask, other=0.0)
+    for _ in tl.static_range(1, SPLIT_K):
+        ws_ptrs += TOTAL
+        z += tl.load(ws_ptrs, mask=mask, other=0.0)
+    z += tl.load(b_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
+    residual = tl.load(r_ptr + offs, mask=mask, other=0.0)
+    y = _act_residual(z, residual, ACTIVATION)
+    tl.store(out_ptr + offs, y.to(tl.float16), mask=mask)
+
+
+# ------------------------------------------------------------------------------------------------ host
+def _check_weights(qweight, scales, bias, epilogue):
+    if epilogue not in ACTIVATIONS:
+        raise ValueError(f"epilogue must be one of {sorted(ACTIVATIONS)}; got {epilogue!r}")
+    if qweight.dtype != torch.int32 or qweight.dim() != 2 or not qweight.is_contiguous():
+        raise ValueError(f"qweight must be a contiguous int32 (K // 8, N) tensor; got {qweight.dtype} {tuple(qweight.shape)}")
+    K, N = qweight.shape[0] * 8, qweight.shape[1]
+    if K <= 0 or N <= 0 or K % GROUP_SIZE or N % 256:
+        raise ValueError(f"K must be a positive multiple of 128 and N of 256; got K={K}, N={N}")
+    if scales.dtype != torch.float16 or tuple(scales.shape) != (K // GROUP_SIZE, N) or not scales.is_contiguous():
+        raise ValueError(f"scales must be contiguous fp16 {(K // GROUP_SIZE, N)}; got {scales.dtype} {tuple(scales.shape)}")
+    if bias.dtype != torch.float16 or tuple(bias.shape) != (N,) or not bias.is_contiguous():
+        raise ValueError(f"bias must be contiguous fp16 ({N},); got {bias.dtype} {tuple(bias.shape)}")
+    for name, tensor in (("scales", scales), ("bias", bias)):
+        if tensor.device != qweight.device:
+            raise ValueError(f"{name} must be on {qweight.device}; got {tensor.device}")
+    return K, N
+
+
+def build(qweight, scales, bias, epilogue, config=None):
+    """Check the weights once and return ``fn(x, residual) -> out``.
+
+    ``config`` (optional, for tests and tuning) is a dict of overrides applied on top of the plan's tier.
+    """
+    K, N = _check_weights(qweight, scales, bias, epilogue)
+    activation = ACTIVATIONS[epilogue]
+    device = qweight.device
+    compiled_path = device.type == "cuda" and isinstance(w4a16_main_kernel, JITFunction)
+    overrides = dict(config) if config else None
+    launches = {}  # M -> call(x, residual) -> out; holds no tensors
+
+    def make_launch(M, x, residual):
+        cfg = plan(M, K, N, overrides)
+        split_k = cfg["SPLIT_K"]
+        grid = (cfg["M_TILES"] * cfg["N_TILES"], split_k, 1)
+        main_tail = (M, N, K, activation, split_k, cfg["UNPACK"], cfg["MAGIC"], cfg["SCALE_AFTER_DOT"],
+                     cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], GROUP_SIZE)
+        main_opts = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+        total = M * N
+        reduce_block = cfg["REDUCE_BLOCK"]
+        reduce_grid = (triton.cdiv(total, reduce_block), 1, 1)
+        reduce_tail = (total, N, activation, split_k, reduce_block)
+        reduce_opts = {"num_warps": cfg["REDUCE_WARPS"]}
+        ws_shape = (split_k, M, N)
+        out_shape = (M, N)
+        f16, f32 = torch.float16, torch.float32
+
+        if not compiled_path:
+            # The interpreter (CPU tensors) or any non-CUDA device: the normal JIT dispatch.
+            def call(x, residual):
+                out = torch.empty(out_shape, dtype=f16, device=x.device)
+                if split_k == 1:
+                    w4a16_main_kernel[grid](x, qweight, scales, bias, residual, out, out, *main_tail, **main_opts)
+                else:
+                    ws = torch.empty(ws_shape, dtype=f32, device=x.device)
+                    w4a16_main_kernel[grid](x, qweight, scales, bias, residual, out, ws, *main_tail, **main_opts)
+                    w4a16_reduce_kernel[reduce_grid](ws, bias, residual, out, *reduce_tail, **reduce_opts)
+                return out
+            return call
+
+        # CUDA: compile once for this M (the warmup specializes on the actual argument properties: 16-byte aligned
+        # pointers, M's divisibility by 16 or M == 1), then launch through the CompiledKernel's launcher. The
+        # launcher of triton 3.6 takes every kernel parameter in declaration order, constexpr ones included (their
+        # values are parsed and ignored), exactly like JITFunction.run passes *bound_args.values().
+        out = torch.empty(out_shape, dtype=f16, device=device)
+        ws = torch.empty(ws_shape, dtype=f32, device=device) if split_k > 1 else out
+        main = w4a16_main_kernel.warmup(x, qweight, scales, bias, residual, out, ws, *main_tail, grid=grid,
+                                        **main_opts)
+        if hasattr(main, "result"):
+            main = main.result()
+        run_main = main[grid]
+        if split_k == 1:
+            def call(x, residual):
+                out = torch.empty(out_shape, dtype=f16, device=device)
+                run_main(x, qweight, scales, bias, residual, out, out, *main_tail)
+                return out
+            return call
+
+        reduce = w4a16_reduce_kernel.warmup(ws, bias, residual, out, *reduce_tail, grid=reduce_grid, **reduce_opts)
+        if hasattr(reduce, "result"):
+            reduce = reduce.result()
+        run_reduce = reduce[reduce_grid]
+
+        def call(x, residual):
+            out = torch.empty(out_shape, dtype=f16, device=device)
+            ws = torch.empty(ws_shape, dtype=f32, device=device)
+            run_main(x, qweight, scales, bias, residual, out, ws, *main_tail)
+            run_reduce(ws, bias, residual, out, *reduce_tail)
+            return out
+        return call
+
+    def fn(x, residual):
+        if x.dtype != torch.float16 or x.dim() != 2 or x.shape[1] != K:
+            raise ValueError(f"x must be fp16 (M, {K}); got {x.dtype} {tuple(x.shape)}")
+        M = x.shape[0]
+        if residual.dtype != torch.float16 or residual.dim() != 2 or residual.shape[0] != M or residual.shape[1] != N:
+            raise ValueError(f"residual must be fp16 ({M}, {N}); got {residual.dtype} {tuple(residual.shape)}")
+        if M == 0:
+            raise ValueError("x must have at least one row")
+        # The kernels assume contiguous rows and 16-byte aligned bases (compiled that way); copy anything else.
+        if not x.is_contiguous() or x.data_ptr() & 15:
+            x = x.clone(memory_format=torch.contiguous_format)
+        if not residual.is_contiguous() or residual.data_ptr() & 15:
+            residual = residual.clone(memory_format=torch.contiguous_format)
+        call = launches.get(M)
+        if call is None:
+            if x.device != device or residual.device != device:
+                raise ValueError(f"x and residual must be on {device}; got {x.device} and {residual.device}")
+            call = make_launch(M, x, residual)
+            launches[M] = call
+        return call(x, residual)
+
+    return fn

@@ -1,0 +1,145 @@
+"""The split-K draft (methods/drafts/splitk): the oracle on the smoke panel and odd shapes, every tuning switch,
+forced and clamped split-K, fresh outputs, untouched inputs, odd layouts and clear errors; the interpreter on CPU."""
+import ast
+
+import pytest
+import torch
+
+from evals import kernel_harness as kh
+from evals.loader import load_solution
+from tests.conftest import ROOT
+
+DRAFT = ROOT / "methods" / "drafts" / "splitk"
+S = load_solution(DRAFT)
+DEVICE = kh.select_device().device  # CUDA where present, else CPU tensors under the interpreter (tests/conftest.py)
+
+def _check(case, mode="normal", config=None):
+    t = kh.generate(case, mode, DEVICE)
+    fn = S.build(t.qweight, t.scales, t.bias, case.epilogue, config=config)
+    out = fn(t.x, t.residual)
+    ref = kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
+    result = kh.check_output(out, ref, (case.m, case.n))
+    assert result.ok, f"{case.name} {mode} {config}: {result}"
+    return fn, t, out
+
+
+SMOKE = kh.load_panel("smoke")
+
+
+@pytest.mark.parametrize("mode", kh.MODES)
+@pytest.mark.parametrize("case", SMOKE, ids=lambda c: c.name)
+def test_smoke_panel(case, mode):
+    _check(case, mode)
+
+
+EXTRA = [(m, k, n, ep) for m in (1, 5, 18, 32, 40) for (k, n, ep) in ((384, 256, "silu"), (640, 512, "gelu_tanh"))]
+
+
+@pytest.mark.parametrize("mode", kh.MODES)
+@pytest.mark.parametrize("m,k,n,ep", EXTRA)
+def test_extra_shapes(m, k, n, ep, mode):
+    _check(kh.Case("extra", m, k, n, ep, 900 + m), mode)
+
+
+# K = 640 is 5 groups: SPLIT_K 2 gives 2 + 3 groups, 3 gives 1 + 2 + 2; K = 384 (3 groups) with SPLIT_K 2 gives 1 + 2.
+@pytest.mark.parametrize("split_k", [1, 2, 3])
+@pytest.mark.parametrize("m,k,n,ep", [(5, 640, 256, "gelu_tanh"), (18, 384, 512, "silu"), (40, 640, 256, "silu"),
+                                      (32, 1024, 256, "gelu_tanh")])
+@pytest.mark.parametrize("mode", kh.MODES)
+def test_forced_split_k(m, k, n, ep, split_k, mode):
+    assert S.plan(m, k, n, {"SPLIT_K": split_k})["SPLIT_K"] == split_k
+    _check(kh.Case("split", m, k, n, ep, 77), mode, {"SPLIT_K": split_k})
+
+
+@pytest.mark.parametrize("variant", [{"UNPACK": 1}, {"MAGIC": 0}, {"UNPACK": 1, "MAGIC": 0, "SPLIT_K": 2},
+                                     {"SCALE_AFTER_DOT": 0}, {"SCALE_AFTER_DOT": 0, "UNPACK": 1, "MAGIC": 0},
+                                     {"BLOCK_SIZE_N": 128, "SPLIT_K": 2}, {"BLOCK_SIZE_N": 256},
+                                     {"BLOCK_SIZE_M": 16}, {"REDUCE_BLOCK": 256, "SPLIT_K": 3}])
+@pytest.mark.parametrize("mode", kh.MODES)
+def test_variants(variant, mode):
+    _check(kh.Case("variant", 19, 640, 512, "gelu_tanh", 5), mode, variant)
+
+
+def test_split_clamped_to_groups():
+    cfg = S.plan(18, 256, 256, {"SPLIT_K": 9})
+    assert cfg["SPLIT_K"] == 2  # 2 groups: each split keeps at least one
+    _check(kh.Case("clamp", 18, 256, 256, "silu", 3), "normal", {"SPLIT_K": 9})
+
+
+def test_plan_tiers_on_visible_shapes():
+    for m, k, n in [(18, 8192, 1024), (24, 16384, 1536), (20, 14336, 768), (32, 8192, 2048), (30, 12288, 2048)]:
+        cfg = S.plan(m, k, n)
+        assert cfg["M_TILES"] * cfg["N_TILES"] * cfg["SPLIT_K"] >= 264
+        assert 1 <= cfg["SPLIT_K"] <= k // 128
+    for m, k, n in [(18, 8192, 8192), (24, 8192, 28672), (32, 28672, 8192), (20, 14336, 4096), (28, 8192, 10240)]:
+        assert S.plan(m, k, n)["SPLIT_K"] == 1
+    for m in (1, 5, 16, 17, 32, 33, 100):
+        cfg = S.plan(m, 8192, 3072)
+        assert cfg["BLOCK_SIZE_M"] == (16 if m <= 16 else 32)
+        assert cfg["BLOCK_SIZE_K"] == S.GROUP_SIZE
+
+
+def test_get_config_is_one_literal():
+    tree = ast.parse((DRAFT / "solution.py").read_text())
+    func = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "get_config")
+    assert len(func.body) == 1 and isinstance(func.body[0], ast.Return) and isinstance(func.body[0].value, ast.Dict)
+    for key in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "SPLIT_K", "num_warps", "num_stages"):
+        assert key in S.get_config()
+
+
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_fresh_outputs_do_not_alias(split_k):
+    case = kh.Case("alias", 18, 384, 256, "silu", 11)
+    fn, t, first = _check(case, "normal", {"SPLIT_K": split_k})
+    first_copy = first.clone()
+    (x2, r2), = kh.make_inputs(case, 1, seed=99, device=DEVICE)
+    second = fn(x2, r2)
+    assert second is not first and second.data_ptr() != first.data_ptr()
+    assert torch.equal(first, first_copy), "an earlier output was overwritten"
+    ref2 = kh.reference(x2, t.qweight, t.scales, t.bias, r2, case.epilogue)
+    assert kh.check_output(second, ref2, (case.m, case.n)).ok
+    third = fn(t.x, t.residual)  # same inputs again: equal values, a new tensor
+    assert third.data_ptr() not in (first.data_ptr(), second.data_ptr()) and torch.equal(third, first)
+    for out in (first, second, third):
+        for tensor in (t.x, t.residual, x2, r2, t.qweight, t.scales, t.bias):
+            assert out.untyped_storage().data_ptr() != tensor.untyped_storage().data_ptr()
+
+
+def test_inputs_unchanged():
+    case = kh.Case("unchanged", 21, 640, 256, "gelu_tanh", 4)
+    t = kh.generate(case, "adversarial", DEVICE)
+    copies = [v.clone() for v in (t.qweight, t.scales, t.bias, t.x, t.residual)]
+    fn = S.build(t.qweight, t.scales, t.bias, case.epilogue, config={"SPLIT_K": 3})
+    fn(t.x, t.residual)
+    for a, b in zip(copies, (t.qweight, t.scales, t.bias, t.x, t.residual)):
+        assert torch.equal(a, b)
+
+
+def test_non_contiguous_and_misaligned_inputs():
+    case = kh.Case("layout", 18, 384, 256, "silu", 8)
+    t = kh.generate(case, "normal", DEVICE)
+    fn = S.build(t.qweight, t.scales, t.bias, case.epilogue)
+    ref = kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
+    x_t = t.x.t().contiguous().t()  # same values, column-major
+    flat = torch.empty(t.residual.numel() + 1, dtype=torch.float16, device=DEVICE)
+    r_off = flat[1:].view(case.m, case.n)  # contiguous but 2 bytes past an aligned base
+    r_off.copy_(t.residual)
+    assert kh.check_output(fn(x_t, r_off), ref, (case.m, case.n)).ok
+
+
+def test_validation_errors():
+    case = kh.Case("errors", 18, 256, 256, "silu", 1)
+    t = kh.generate(case, "normal", DEVICE)
+    with pytest.raises(ValueError):
+        S.build(t.qweight, t.scales, t.bias, "relu")
+    with pytest.raises(ValueError):
+        S.build(t.qweight, t.scales.float(), t.bias, "silu")
+    fn = S.build(t.qweight, t.scales, t.bias, "silu")
+    with pytest.raises(ValueError):
+        fn(t.x.float(), t.residual)
+    with pytest.raises(ValueError):
+        fn(t.x[:, :128], t.residual)
+    with pytest.raises(ValueError):
+        fn(t.x, t.residual[:5])
+    with pytest.raises(ValueError):
+        fn(t.x, t.residual.float())
