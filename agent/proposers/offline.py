@@ -30,6 +30,7 @@ SEARCH_SPACE: dict[str, list] = {
     "MIN_PROGRAMS": [132, 264, 396, 528],
     "UNPACK": [0, 1],
     "MAGIC": [0, 1],
+    "SCALE_AFTER_DOT": [0, 1],
     "REDUCE_BLOCK": [256, 512, 1024, 2048],
     "REDUCE_WARPS": [2, 4, 8],
 }
@@ -210,18 +211,35 @@ class Move:
     reason: str
 
 
+# a knob that matters only when another has some value: (the other, the values under which it matters)
+REQUIRES: dict[str, tuple[str, tuple]] = {"MIN_PROGRAMS": ("SPLIT_K", (0,))}
+
+
+def decider(tables: list[Table], stratum: str, knob: str) -> Table:
+    """The table whose value of ``knob`` the stratum's shapes take: the first tier covering the stratum that sets it,
+    else the general table."""
+    return next((t for t in tables[1:] if stratum in t.strata and knob in t.entries), tables[0])
+
+
+def decides(tables: list[Table], table: Table, knob: str) -> bool:
+    """Whether changing ``knob`` in ``table`` changes anything on the panel: some stratum takes its value from this
+    table (a general knob that tiers override for every stratum decides nothing), and the knob matters there."""
+    other, values = REQUIRES.get(knob, (None, ()))
+    return any(decider(tables, s, knob) is table
+               and (other is None or decider(tables, s, other).entries.get(other) in (None, *values))
+               for s in table.strata)
+
+
 def single_moves(tables: list[Table], profile: dict | None) -> list[Move]:
     """Every one-knob neighbour of every table, nearest first; tables deciding the weaker stratum before the others.
-    A general knob that a tier overrides for every stratum decides nothing on the panel and is left out."""
+    Knobs that decide nothing on the panel (see ``decides``) are left out."""
     weaker = weaker_stratum(profile)
-    shadowed = {knob for knob in tables[0].entries
-                if all(any(knob in t.entries and stratum in t.strata for t in tables[1:]) for stratum in STRATA_N)}
     moves = []
     for table_rank, table in enumerate(sorted(tables, key=lambda t: (weaker not in t.strata, len(t.strata), t.start))):
         stratum = weaker if weaker in table.strata else next(iter(sorted(table.strata)), weaker)
         order, direction = _order(table.entries, stratum)
         for knob_rank, knob in enumerate(order):
-            if table.name == "config" and knob in shadowed:
+            if not decides(tables, table, knob):
                 continue
             preferred = {"BLOCK_SIZE_N": direction, "SPLIT_K": -direction, "MIN_PROGRAMS": -direction,
                          "BLOCK_SIZE_M": +1}.get(knob, +1)

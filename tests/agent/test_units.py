@@ -17,6 +17,7 @@ from agent.proposers.offline import OfflineProposer, find_table
 from agent.proposers.openai_chat import OpenAIConfig, OpenAIProposer, trim
 from agent.tools import Tools
 from tests.agent.test_tools import tools  # noqa: F401 (the fixture)
+from tests.conftest import ROOT
 
 
 def propose(tools, profile=None) -> tuple[str, Submitted]:  # noqa: F811
@@ -192,3 +193,15 @@ def test_offline_search_edits_the_tier_of_the_weaker_stratum_and_skips_shadowed_
     assert not any(s.startswith(("BLOCK_SIZE_N", "SPLIT_K")) for s in singles)
     assert any(s.startswith("num_warps") for s in singles)  # the general num_warps still decides the balanced tier
     assert not any("K_MIN" in s or "N_MAX" in s for s in seen)  # a tier's range is not a knob
+
+
+def test_offline_search_leaves_out_knobs_that_decide_nothing():
+    from agent.proposers.offline import find_tables, single_moves
+
+    tables = find_tables((ROOT / "methods" / "drafts" / "splitk" / "solution.py").read_text())
+    assert [t.name for t in tables] == ["config", "TIERS[0]", "TIERS[1]"]
+    moves = {(m.table, m.knob) for m in single_moves(tables, None)}
+    assert ("TIERS[0]", "MIN_PROGRAMS") in moves  # the expert-batch tier chooses its split count (SPLIT_K 0)
+    assert ("TIERS[1]", "MIN_PROGRAMS") not in moves  # the balanced tier fixes SPLIT_K 1: the count is unused
+    assert ("config", "BLOCK_SIZE_N") not in moves and ("config", "num_stages") not in moves  # every tier sets them
+    assert ("config", "UNPACK") in moves  # the expert-batch tier takes the general value
