@@ -261,10 +261,13 @@ class OfflineProposer:
         source = read["output"]
         tables = find_tables(source)
         ledger = tools.read_file(tools.task.ledger)["output"]
-        tried = {parse_row(line).get("sha256") for line in ledger.splitlines() if line.startswith("| v")}
+        rows = [parse_row(line) for line in ledger.splitlines() if line.startswith("| v")]
+        tried = {row.get("sha256") for row in rows}
         tried |= {_sha(source), _sha(render(source, tables, {}))}  # the start, as written and as rendered
+        broken = failed_moves(rows)
         singles = single_moves(tables, context.profile)
-        pairs = sorted(((a, b) for a, b in itertools.combinations(singles, 2) if (a.table, a.knob) != (b.table, b.knob)),
+        pairs = sorted(((a, b) for a, b in itertools.combinations(singles, 2) if (a.table, a.knob) != (b.table, b.knob)
+                        and not {(m.table, m.knob, str(m.value)) for m in (a, b)} & broken),
                        key=lambda pair: (pair[0].rank[0] + pair[1].rank[0], pair[0].rank[1:], pair[1].rank[1:]))
         for moves in itertools.chain(((m,) for m in singles), pairs):
             proposal = render(source, tables, {(m.table, m.knob): m.value for m in moves})
@@ -282,6 +285,23 @@ class OfflineProposer:
             tools.submit(summary, f"{reason} (config: {config})")
         raise LimitsExceeded("the offline search has tried every single-knob neighbour of the best configuration and "
                              "every pair of them")
+
+
+def failed_moves(rows: list[dict]) -> set[tuple[str, str, str]]:
+    """(table, knob, value) of the single-knob attempts that failed (did not compile, wrong, over the contract): a
+    combination that repeats one of them is not worth an attempt."""
+    broken = set()
+    for row in rows:
+        if row.get("correct") == "yes" and row.get("residency") in ("ok", "not run (slower)"):
+            continue
+        summary = row.get("summary / hypothesis", "").split("; hypothesis:")[0]
+        if " + " in summary:
+            continue
+        words = summary.split()
+        if len(words) in (2, 3) and "->" in words[-1]:
+            table = words[0] if len(words) == 3 else "config"
+            broken.add((table, words[-2], words[-1].split("->")[1]))
+    return broken
 
 
 def _sha(text: str) -> str:

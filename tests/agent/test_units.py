@@ -205,3 +205,31 @@ def test_offline_search_leaves_out_knobs_that_decide_nothing():
     assert ("TIERS[1]", "MIN_PROGRAMS") not in moves  # the balanced tier fixes SPLIT_K 1: the count is unused
     assert ("config", "BLOCK_SIZE_N") not in moves and ("config", "num_stages") not in moves  # every tier sets them
     assert ("config", "UNPACK") in moves  # the expert-batch tier takes the general value
+
+
+def test_offline_search_never_combines_a_move_that_failed_on_its_own(tools):  # noqa: F811
+    start = (tools.candidate / "solution.py").read_text()
+    ledger = tools.task.ledger_path
+    failed = None
+    while True:
+        (tools.candidate / "solution.py").write_text(start)
+        proposal, submitted = propose(tools)
+        if " + " in submitted.summary:
+            break
+        row = {"version": "v9", "sha256": hashlib.sha256(proposal.encode()).hexdigest(), "correct": "yes",
+               "residency": "not run (slower)", "summary / hypothesis": f"{submitted.summary}; hypothesis: h"}
+        if failed is None and submitted.summary.startswith("num_stages"):
+            failed = submitted.summary  # as if it did not compile (OutOfResources)
+            row |= {"correct": "no", "residency": "-"}
+        ledger.write_text(ledger.read_text() + format_row(row) + "\n")
+    assert failed is not None
+    seen = []
+    for _ in range(25):
+        seen.append(submitted.summary)
+        mark_tried(tools, proposal)
+        (tools.candidate / "solution.py").write_text(start)
+        try:
+            proposal, submitted = propose(tools)
+        except LimitsExceeded:
+            break
+    assert seen and all(" + " in s for s in seen) and not any(failed in s for s in seen)
