@@ -81,10 +81,6 @@ class Table:
     def text(self, changes: dict[str, object]) -> str:
         return "{" + ", ".join(f'"{k}": {_literal(changes.get(k, v))}' for k, v in self.entries.items()) + "}"
 
-    def render(self, source: str, changes: dict[str, object]) -> str:
-        """The source with this table's changes (the single-table form the tests use)."""
-        return render(source, [self], {(self.name, k): v for k, v in changes.items()})
-
 
 def render(source: str, tables: list[Table], changes: dict[tuple[str, str], object]) -> str:
     """``source`` with every changed (table, knob) rewritten; tables are replaced from the last to the first."""
@@ -135,8 +131,7 @@ def _number(node: ast.AST) -> int | None:
 def _tier_strata(node: ast.Dict) -> frozenset[str]:
     """The strata whose N range meets the tier's [N_MIN, N_MAX] (both when the range cannot be read)."""
     bounds = {k.value: _number(v) for k, v in zip(node.keys, node.values)}
-    low = bounds.get("N_MIN", 0) if "N_MIN" in bounds else 0
-    high = bounds.get("N_MAX", 1 << 62) if "N_MAX" in bounds else 1 << 62
+    low, high = bounds.get("N_MIN", 0), bounds.get("N_MAX", 1 << 62)
     if low is None or high is None:
         return frozenset(STRATA_N)
     return frozenset(s for s, (a, b) in STRATA_N.items() if low <= b and high >= a)
@@ -180,12 +175,6 @@ def candidate_values(knob: str, value: object, direction: int) -> list[tuple[int
     return sorted((distance(v), 0 if (v > value) == (direction > 0) else 1, v) for v in values if v != value)
 
 
-def knob_order(entries: dict[str, object], profile: dict | None) -> tuple[list[str], int]:
-    """Knobs in the order to try, and the preferred direction of BLOCK_SIZE_N (SPLIT_K the opposite), chosen from
-    the weaker stratum of the profile: small-N expert-batch cases want more programs, balanced ones wider tiles."""
-    return _order(entries, weaker_stratum(profile))
-
-
 def weaker_stratum(profile: dict | None) -> str:
     strata = (profile or {}).get("strata") or {}
     balanced, expert = strata.get("balanced"), strata.get("expert-batch")
@@ -193,6 +182,8 @@ def weaker_stratum(profile: dict | None) -> str:
 
 
 def _order(entries: dict[str, object], stratum: str) -> tuple[list[str], int]:
+    """Knobs in the order to try for a stratum, and the preferred direction of BLOCK_SIZE_N (SPLIT_K the opposite):
+    small-N expert-batch cases want more programs, balanced ones wider tiles."""
     if stratum == "expert-batch":
         first, direction = ["SPLIT_K", "BLOCK_SIZE_N", "MIN_PROGRAMS", "num_warps", "num_stages", "BLOCK_SIZE_M"], -1
     else:  # the weight stream of the big cases is the default bottleneck
