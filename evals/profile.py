@@ -137,7 +137,8 @@ def label(p: CaseProfile, sm_count: int) -> tuple[str, str]:
     for size in (main.grid if main else []):
         programs *= size
     share = p.launch_overhead_share or 0.0
-    if share > 0.5:
+    # the GPU idles most of the time, or the host needs longer to issue a call than the GPU to run it
+    if share > 0.5 or (share > 0.1 and (p.host_us_per_call or 0) >= (p.gpu_us_per_call or float("inf"))):
         return "launch-bound", (f"host {p.host_us_per_call:.1f} us per call vs GPU {p.gpu_us_per_call:.1f} us: the GPU idles "
                                 f"{100 * share:.0f}% of the time; {sum(k.calls_per_call for k in p.kernels):.0f} kernel(s) per call")
     if main and programs < sm_count:
