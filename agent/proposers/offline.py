@@ -13,6 +13,7 @@ import ast
 import hashlib
 import itertools
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from agent.exceptions import LimitsExceeded, ProposerError
@@ -31,6 +32,7 @@ SEARCH_SPACE: dict[str, list] = {
     "UNPACK": [0, 1],
     "MAGIC": [0, 1],
     "SCALE_AFTER_DOT": [0, 1],
+    "REDUCE_MODE": [0, 1],
     "REDUCE_BLOCK": [256, 512, 1024, 2048],
     "REDUCE_WARPS": [2, 4, 8],
 }
@@ -56,6 +58,9 @@ REASONS: dict[tuple[str, int], str] = {
     ("UNPACK", -1): "load each packed word once and expand it in registers",
     ("MAGIC", +1): "convert codes to fp16 through the 0x6400 exponent trick instead of an int-to-float conversion",
     ("MAGIC", -1): "a plain int-to-float conversion, in case the bit trick costs layout conversions",
+    ("REDUCE_MODE", +1): "one launch and one allocation per call (atomic split-K sums, the last program's epilogue); "
+                         "expect launch-bound cases faster",
+    ("REDUCE_MODE", -1): "a second kernel sums the partials: no atomics, no kept accumulator",
 }
 
 
@@ -185,7 +190,8 @@ def _order(entries: dict[str, object], stratum: str) -> tuple[list[str], int]:
     """Knobs in the order to try for a stratum, and the preferred direction of BLOCK_SIZE_N (SPLIT_K the opposite):
     small-N expert-batch cases want more programs, balanced ones wider tiles."""
     if stratum == "expert-batch":
-        first, direction = ["SPLIT_K", "BLOCK_SIZE_N", "MIN_PROGRAMS", "num_warps", "num_stages", "BLOCK_SIZE_M"], -1
+        first, direction = ["SPLIT_K", "REDUCE_MODE", "BLOCK_SIZE_N", "MIN_PROGRAMS", "num_warps", "num_stages",
+                            "BLOCK_SIZE_M"], -1
     else:  # the weight stream of the big cases is the default bottleneck
         first, direction = ["BLOCK_SIZE_N", "num_stages", "num_warps", "UNPACK", "MAGIC", "BLOCK_SIZE_M", "SPLIT_K"], +1
     order = [k for k in first if k in entries] + [k for k in entries if k not in first]
@@ -202,8 +208,12 @@ class Move:
     reason: str
 
 
-# a knob that matters only when another has some value: (the other, the values under which it matters)
-REQUIRES: dict[str, tuple[str, tuple]] = {"MIN_PROGRAMS": ("SPLIT_K", (0,))}
+# a knob that matters only when another has some value: (the other, whether a value of it lets the knob matter)
+REQUIRES: dict[str, tuple[str, Callable[[object], bool]]] = {
+    "MIN_PROGRAMS": ("SPLIT_K", lambda v: v == 0),  # the solution's own split count (0) reads it
+    "REDUCE_MODE": ("SPLIT_K", lambda v: v != 1), "REDUCE_BLOCK": ("SPLIT_K", lambda v: v != 1),
+    "REDUCE_WARPS": ("SPLIT_K", lambda v: v != 1),
+}
 
 
 def decider(tables: list[Table], stratum: str, knob: str) -> Table:
@@ -215,10 +225,13 @@ def decider(tables: list[Table], stratum: str, knob: str) -> Table:
 def decides(tables: list[Table], table: Table, knob: str) -> bool:
     """Whether changing ``knob`` in ``table`` changes anything on the panel: some stratum takes its value from this
     table (a general knob that tiers override for every stratum decides nothing), and the knob matters there."""
-    other, values = REQUIRES.get(knob, (None, ()))
-    return any(decider(tables, s, knob) is table
-               and (other is None or decider(tables, s, other).entries.get(other) in (None, *values))
-               for s in table.strata)
+    other, matters = REQUIRES.get(knob, (None, None))
+
+    def lets(stratum: str) -> bool:
+        value = decider(tables, stratum, other).entries.get(other) if other else None
+        return value is None or matters(value)
+
+    return any(decider(tables, s, knob) is table and lets(s) for s in table.strata)
 
 
 def single_moves(tables: list[Table], profile: dict | None) -> list[Move]:

@@ -205,6 +205,11 @@ def test_offline_search_leaves_out_knobs_that_decide_nothing():
     assert ("TIERS[1]", "MIN_PROGRAMS") not in moves  # the balanced tier fixes SPLIT_K 1: the count is unused
     assert ("config", "BLOCK_SIZE_N") not in moves and ("config", "num_stages") not in moves  # every tier sets them
     assert ("config", "UNPACK") in moves  # the expert-batch tier takes the general value
+    assert ("config", "REDUCE_MODE") in moves  # it decides the split expert-batch tier (SPLIT_K 0), no other
+    unsplit = (ROOT / "methods" / "drafts" / "splitk" / "solution.py").read_text().replace(
+        '"SPLIT_K": 0, "MIN_PROGRAMS": 264', '"SPLIT_K": 1, "MIN_PROGRAMS": 264')  # no tier splits K any more
+    assert unsplit.count('"SPLIT_K": 1,') == 2
+    assert ("config", "REDUCE_MODE") not in {(m.table, m.knob) for m in single_moves(find_tables(unsplit), None)}
 
 
 def test_offline_search_never_combines_a_move_that_failed_on_its_own(tools):  # noqa: F811

@@ -1,6 +1,7 @@
 """The split-K draft (methods/drafts/splitk): the oracle on the smoke panel and odd shapes, every tuning switch,
 forced and clamped split-K, fresh outputs, untouched inputs, odd layouts and clear errors; the interpreter on CPU."""
 import ast
+import gc
 
 import pytest
 import torch
@@ -143,3 +144,30 @@ def test_validation_errors():
         fn(t.x, t.residual[:5])
     with pytest.raises(ValueError):
         fn(t.x, t.residual.float())
+
+
+@pytest.mark.parametrize("split_k", [2, 3])
+@pytest.mark.parametrize("m,k,n,ep", [(5, 640, 256, "gelu_tanh"), (40, 640, 256, "silu"), (1, 384, 512, "silu")])
+@pytest.mark.parametrize("mode", kh.MODES)
+def test_one_launch_reduction_matches_the_oracle(m, k, n, ep, split_k, mode):
+    _check(kh.Case("one-launch", m, k, n, ep, 31), mode, {"SPLIT_K": split_k, "REDUCE_MODE": 1})
+
+
+def test_one_launch_reduction_cleans_up_after_every_call_and_keeps_one_accumulator():
+    case = kh.Case("one-launch", 18, 640, 512, "gelu_tanh", 12)
+    fn, t, first = _check(case, "adversarial", {"SPLIT_K": 3, "REDUCE_MODE": 1})
+    for seed in (1, 2):  # fresh inputs: a leftover partial sum or counter would show in the next result
+        (x, r), = kh.make_inputs(case, 1, seed=seed, device=DEVICE)
+        out = fn(x, r)
+        assert kh.check_output(out, kh.reference(x, t.qweight, t.scales, t.bias, r, case.epilogue), (case.m, case.n)).ok
+    assert torch.equal(fn(t.x, t.residual), first)
+    other = kh.Case("one-launch", 7, 640, 512, "gelu_tanh", 12)  # another M takes over the accumulator, and back
+    (x7, r7), = kh.make_inputs(other, 1, seed=3, device=DEVICE)
+    out7 = fn(x7, r7)
+    assert kh.check_output(out7, kh.reference(x7, t.qweight, t.scales, t.bias, r7, case.epilogue), (7, case.n)).ok
+    assert torch.equal(fn(t.x, t.residual), first)
+    gc.collect()
+    accumulators = [o for o in gc.get_objects() if type(o) is torch.Tensor and o.dtype == torch.float32
+                    and tuple(o.shape) in ((7, case.n), (18, case.n))]
+    assert [tuple(a.shape) for a in accumulators] == [(18, case.n)], "one M keeps an accumulator at a time"
+    assert not accumulators[0].any(), "the accumulator is zero between calls"

@@ -17,12 +17,16 @@ Design:
   broadcast and reshaping (row 8j + i is nibble i of word j); UNPACK 1 loads the word of every row, as v0 does.
   MAGIC 1 turns codes into fp16 through the 0x6400 exponent trick. SCALE_AFTER_DOT 1 feeds the integer-valued codes
   minus 8 (exact in fp16) to tl.dot and multiplies the fp32 partial by the group's scale; 0 scales the fp16 tile first.
-- Split-K without atomics: with SPLIT_K > 1 the main kernel writes fp32 partials to a per-call workspace
+- Split-K, REDUCE_MODE 0 (no atomics): with SPLIT_K > 1 the main kernel writes fp32 partials to a per-call workspace
   (SPLIT_K, M, N) and a second kernel sums them and applies bias, activation and residual. With SPLIT_K == 1 the main
   kernel applies the epilogue itself (one launch). Split s covers groups [s*G // S, (s+1)*G // S).
+- Split-K, REDUCE_MODE 1 (one launch, not yet run on a GPU): each program adds its partial atomically into a kept fp32
+  (M, N) accumulator and counts itself in on a per-tile counter only after every add has returned; the program that
+  counts last applies the epilogue and leaves accumulator and counter at zero for the next call.
 - Host path: per M, the plan, the grid and a compiled-kernel launcher (CUDA, not interpreted) are built once; a call
   is a few checks, torch.empty for the output (and the workspace when split) and one or two launches.
-Nothing is retained at build besides references to the caller's tensors and small Python objects.
+Nothing is retained at build besides references to the caller's tensors; REDUCE_MODE 1 keeps its accumulator and
+counters (4*M*N + 4*tiles bytes) for the latest M only.
 """
 import torch
 import triton
@@ -42,8 +46,11 @@ def get_config():
     # MAGIC 1: int -> fp16 through the 0x6400 exponent trick; 0: plain conversion.
     # SCALE_AFTER_DOT 1: the group's scale multiplies the fp32 partial product; 0: it multiplies the fp16 weight tile
     # before the dot (as v0 does).
+    # REDUCE_MODE (with SPLIT_K > 1) 0: partials to a per-call workspace and a second kernel for the sum and the
+    # epilogue; 1: one launch, partials added atomically into a kept fp32 accumulator, the last program of a tile
+    # applies the epilogue (not yet run on a GPU).
     return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 132,
-            "UNPACK": 0, "MAGIC": 1, "SCALE_AFTER_DOT": 1, "REDUCE_BLOCK": 1024, "REDUCE_WARPS": 4, "num_warps": 4,
+            "UNPACK": 0, "MAGIC": 1, "SCALE_AFTER_DOT": 1, "REDUCE_MODE": 0, "REDUCE_BLOCK": 1024, "REDUCE_WARPS": 4, "num_warps": 4,
             "num_stages": 3}
 
 
@@ -108,9 +115,9 @@ def _act_residual(z, residual, ACTIVATION: tl.constexpr):
 
 @triton.jit
 def w4a16_main_kernel(
-    x_ptr, q_ptr, s_ptr, b_ptr, r_ptr, out_ptr, ws_ptr, M,
+    x_ptr, q_ptr, s_ptr, b_ptr, r_ptr, out_ptr, ws_ptr, cnt_ptr, M,
     N: tl.constexpr, K: tl.constexpr, ACTIVATION: tl.constexpr, SPLIT_K: tl.constexpr,
-    UNPACK: tl.constexpr, MAGIC: tl.constexpr, SCALE_AFTER_DOT: tl.constexpr,
+    UNPACK: tl.constexpr, MAGIC: tl.constexpr, SCALE_AFTER_DOT: tl.constexpr, REDUCE_MODE: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
 ):
     GROUPS: tl.constexpr = K // BLOCK_SIZE_K
@@ -174,9 +181,26 @@ def w4a16_main_kernel(
         residual = tl.load(r_ptr + io, mask=mask_m[:, None], other=0.0)
         y = _act_residual(acc, residual, ACTIVATION)
         tl.store(out_ptr + io, y.to(tl.float16), mask=mask_m[:, None])
-    else:
+    elif REDUCE_MODE == 0:
         ws = ws_ptr + (pid_k.to(tl.int64) * M + rows[:, None]) * N + offs_n[None, :]
         tl.store(ws, acc, mask=mask_m[:, None])
+    else:
+        # One launch: add the partial into the kept fp32 accumulator (zero between calls); the program whose count
+        # comes last applies the epilogue, then zeroes the tile and its counter for the next call.
+        io = rows[:, None] * N + offs_n[None, :]
+        old = tl.atomic_add(ws_ptr + io, acc, mask=mask_m[:, None], sem="relaxed")
+        # The counter's increment depends on every value the adds returned, so no add of this program is still in
+        # flight when the counter moves (a data dependency, not a fence; valid sums stay far below 3e38).
+        seen = tl.max(tl.max(tl.where(mask_m[:, None], tl.abs(old), 0.0), axis=1), axis=0)
+        count = tl.atomic_add(cnt_ptr + pid, 1 + (seen > 3.0e38).to(tl.int32), sem="acq_rel")
+        if count == SPLIT_K - 1:
+            z = tl.load(ws_ptr + io, mask=mask_m[:, None], other=0.0, volatile=True)
+            z += tl.load(b_ptr + offs_n).to(tl.float32)[None, :]
+            residual = tl.load(r_ptr + io, mask=mask_m[:, None], other=0.0)
+            y = _act_residual(z, residual, ACTIVATION)
+            tl.store(out_ptr + io, y.to(tl.float16), mask=mask_m[:, None])
+            tl.store(ws_ptr + io, tl.zeros_like(z), mask=mask_m[:, None])
+            tl.store(cnt_ptr + pid, 0)
 
 
 @triton.jit
@@ -227,14 +251,16 @@ def build(qweight, scales, bias, epilogue, config=None):
     device = qweight.device
     compiled_path = device.type == "cuda" and isinstance(w4a16_main_kernel, JITFunction)
     overrides = dict(config) if config else None
-    launches = {}  # M -> call(x, residual) -> out; holds no tensors
+    launches = {}  # M -> call(x, residual) -> out
+    keeping = set()  # the M whose launch keeps an accumulator (REDUCE_MODE 1): one at a time, within the contract
 
     def make_launch(M, x, residual):
         cfg = plan(M, K, N, overrides)
         split_k = cfg["SPLIT_K"]
         grid = (cfg["M_TILES"] * cfg["N_TILES"], split_k, 1)
+        one_launch = split_k > 1 and cfg["REDUCE_MODE"] == 1
         main_tail = (M, N, K, activation, split_k, cfg["UNPACK"], cfg["MAGIC"], cfg["SCALE_AFTER_DOT"],
-                     cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], GROUP_SIZE)
+                     cfg["REDUCE_MODE"], cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], GROUP_SIZE)
         main_opts = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
         total = M * N
         reduce_block = cfg["REDUCE_BLOCK"]
@@ -244,16 +270,28 @@ def build(qweight, scales, bias, epilogue, config=None):
         ws_shape = (split_k, M, N)
         out_shape = (M, N)
         f16, f32 = torch.float16, torch.float32
+        if one_launch:
+            # kept between calls: 4*M*N bytes of fp32 (the contract's floating allowance is 2*M*K + 4*M*N + 1 MiB)
+            # and one int32 counter per output tile; the last program of each tile leaves both at zero
+            for other in keeping - {M}:
+                launches.pop(other, None)
+            keeping.clear()
+            keeping.add(M)
+            accumulator = torch.zeros(out_shape, dtype=f32, device=device)
+            counters = torch.zeros(cfg["M_TILES"] * cfg["N_TILES"], dtype=torch.int32, device=device)
 
         if not compiled_path:
             # The interpreter (CPU tensors) or any non-CUDA device: the normal JIT dispatch.
             def call(x, residual):
                 out = torch.empty(out_shape, dtype=f16, device=x.device)
                 if split_k == 1:
-                    w4a16_main_kernel[grid](x, qweight, scales, bias, residual, out, out, *main_tail, **main_opts)
+                    w4a16_main_kernel[grid](x, qweight, scales, bias, residual, out, out, out, *main_tail, **main_opts)
+                elif one_launch:
+                    w4a16_main_kernel[grid](x, qweight, scales, bias, residual, out, accumulator, counters, *main_tail,
+                                            **main_opts)
                 else:
                     ws = torch.empty(ws_shape, dtype=f32, device=x.device)
-                    w4a16_main_kernel[grid](x, qweight, scales, bias, residual, out, ws, *main_tail, **main_opts)
+                    w4a16_main_kernel[grid](x, qweight, scales, bias, residual, out, ws, out, *main_tail, **main_opts)
                     w4a16_reduce_kernel[reduce_grid](ws, bias, residual, out, *reduce_tail, **reduce_opts)
                 return out
             return call
@@ -263,8 +301,12 @@ def build(qweight, scales, bias, epilogue, config=None):
         # launcher of triton 3.6 takes every kernel parameter in declaration order, constexpr ones included (their
         # values are parsed and ignored), exactly like JITFunction.run passes *bound_args.values().
         out = torch.empty(out_shape, dtype=f16, device=device)
-        ws = torch.empty(ws_shape, dtype=f32, device=device) if split_k > 1 else out
-        main = w4a16_main_kernel.warmup(x, qweight, scales, bias, residual, out, ws, *main_tail, grid=grid,
+        if one_launch:
+            ws, cnt = accumulator, counters
+        else:
+            ws, cnt = (torch.empty(ws_shape, dtype=f32, device=device) if split_k > 1 else out), out
+        # warmup compiles without launching: the accumulator and the counters stay at zero
+        main = w4a16_main_kernel.warmup(x, qweight, scales, bias, residual, out, ws, cnt, *main_tail, grid=grid,
                                         **main_opts)
         if hasattr(main, "result"):
             main = main.result()
@@ -272,7 +314,13 @@ def build(qweight, scales, bias, epilogue, config=None):
         if split_k == 1:
             def call(x, residual):
                 out = torch.empty(out_shape, dtype=f16, device=device)
-                run_main(x, qweight, scales, bias, residual, out, out, *main_tail)
+                run_main(x, qweight, scales, bias, residual, out, out, out, *main_tail)
+                return out
+            return call
+        if one_launch:
+            def call(x, residual):
+                out = torch.empty(out_shape, dtype=f16, device=device)
+                run_main(x, qweight, scales, bias, residual, out, accumulator, counters, *main_tail)
                 return out
             return call
 
@@ -284,7 +332,7 @@ def build(qweight, scales, bias, epilogue, config=None):
         def call(x, residual):
             out = torch.empty(out_shape, dtype=f16, device=device)
             ws = torch.empty(ws_shape, dtype=f32, device=device)
-            run_main(x, qweight, scales, bias, residual, out, ws, *main_tail)
+            run_main(x, qweight, scales, bias, residual, out, ws, out, *main_tail)
             run_reduce(ws, bias, residual, out, *reduce_tail)
             return out
         return call
