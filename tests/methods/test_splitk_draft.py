@@ -2,6 +2,11 @@
 forced and clamped split-K, fresh outputs, untouched inputs, odd layouts and clear errors; the interpreter on CPU."""
 import ast
 import gc
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -171,3 +176,20 @@ def test_one_launch_reduction_cleans_up_after_every_call_and_keeps_one_accumulat
                     and tuple(o.shape) in ((7, case.n), (18, case.n))]
     assert [tuple(a.shape) for a in accumulators] == [(18, case.n)], "one M keeps an accumulator at a time"
     assert not accumulators[0].any(), "the accumulator is zero between calls"
+
+
+HOPPER_SHARED_BYTES = 232448  # the most shared memory one program may use on an H100/H200 (227 KiB)
+
+
+def test_every_visible_plan_compiles_for_hopper_within_shared_memory():
+    """The plans the visible panel gets, with REDUCE_MODE 1 too, compiled to sm90 machine code on this machine (the
+    interpreter never compiles, so a child process without TRITON_INTERPRET does): a layout the GPU backend rejects
+    or a tile over the shared memory shows here, not on the GPU."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(Path(__file__).with_name("hopper_compile.py")), str(DRAFT)],
+                         capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    compiled = json.loads(run.stdout)
+    assert len(compiled) >= 3 and {c["reduce_mode"] for c in compiled} == {0, 1}
+    for kernel in compiled:
+        assert kernel["shared"] <= HOPPER_SHARED_BYTES, kernel

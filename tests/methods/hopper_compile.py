@@ -1,0 +1,46 @@
+"""Compile a split-K draft's main kernel for sm90 (no GPU needed) for every plan the visible panel gets; print JSON.
+
+Usage: python tests/methods/hopper_compile.py SOLUTION_DIR   (without TRITON_INTERPRET: the interpreter never compiles)
+"""
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(ROOT))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from evals import kernel_harness as kh  # noqa: E402
+from evals.loader import load_solution  # noqa: E402
+
+POINTERS = {"x_ptr": "*fp16", "q_ptr": "*i32", "s_ptr": "*fp16", "b_ptr": "*fp16", "r_ptr": "*fp16", "out_ptr": "*fp16",
+            "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32"}
+
+
+def main(solution: str) -> None:
+    module = load_solution(Path(solution))
+    done, compiled = set(), []
+    for case in kh.load_panel("visible"):
+        cfg = module.plan(case.m, case.k, case.n)
+        for mode in ((0, 1) if cfg["SPLIT_K"] > 1 else (0,)):
+            constants = {"N": case.n, "K": case.k, "ACTIVATION": 0, "SPLIT_K": cfg["SPLIT_K"], "UNPACK": cfg["UNPACK"],
+                         "MAGIC": cfg["MAGIC"], "SCALE_AFTER_DOT": cfg["SCALE_AFTER_DOT"], "REDUCE_MODE": mode,
+                         "BLOCK_SIZE_M": cfg["BLOCK_SIZE_M"], "BLOCK_SIZE_N": cfg["BLOCK_SIZE_N"],
+                         "BLOCK_SIZE_K": cfg["BLOCK_SIZE_K"]}
+            options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+            key = (tuple(sorted(constants.items())), tuple(sorted(options.items())))
+            if key in done:
+                continue
+            done.add(key)
+            source = ASTSource(fn=module.w4a16_main_kernel, constexprs=constants,
+                               signature=POINTERS | dict.fromkeys(constants, "constexpr"))
+            kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+            compiled.append({"case": case.name, "reduce_mode": mode, "shared": kernel.metadata.shared, **options})
+    print(json.dumps(compiled))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
