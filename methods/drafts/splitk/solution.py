@@ -50,8 +50,8 @@ def get_config():
     # epilogue; 1: one launch, partials added atomically into a kept fp32 accumulator, the last program of a tile
     # applies the epilogue (not yet run on a GPU).
     return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 132,
-            "UNPACK": 0, "MAGIC": 1, "SCALE_AFTER_DOT": 1, "REDUCE_MODE": 0, "REDUCE_BLOCK": 1024, "REDUCE_WARPS": 4, "num_warps": 4,
-            "num_stages": 3}
+            "UNPACK": 0, "MAGIC": 1, "SCALE_AFTER_DOT": 1, "REDUCE_MODE": 0, "REDUCE_BLOCK": 1024, "REDUCE_WARPS": 4,
+            "num_warps": 4, "num_stages": 3}
 
 
 # Per-shape overrides: the first tier whose N and K ranges hold the shape updates the general configuration.
