@@ -170,7 +170,7 @@ def candidate_values(knob: str, value: object, direction: int) -> list[tuple[int
     """Other values of ``knob`` as (distance, 0 for the preferred direction else 1, value), nearest first."""
     if isinstance(value, bool):
         return [(1, 0, not value)]
-    if not isinstance(value, int) or isinstance(value, _Source) or knob in FIXED:
+    if not isinstance(value, int) or knob in FIXED:  # computed values (_Source) are str: never searched
         return []
     values = SEARCH_SPACE.get(knob) or [v for v in (value // 2, value * 2) if v >= 1]
 
