@@ -192,7 +192,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_promote(args: argparse.Namespace) -> int:
     panel = str(Path(args.panel).resolve()) if args.panel and args.panel not in ("visible", "smoke") else args.panel
-    return promote(Task(root=ROOT), args.version, has_cuda(), args.force, panel)
+    return promote(Task(root=ROOT), args.version, has_cuda(), args.force, panel, note=" ".join(args.note.split()))
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
@@ -236,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     promote_cmd.add_argument("version", help="vN")
     promote_cmd.add_argument("--force", action="store_true", help="promote even if a check fails (recorded in the ledger)")
     promote_cmd.add_argument("--panel", help="visible, smoke or a panel JSON file (default visible, smoke without CUDA)")
+    promote_cmd.add_argument("--note", default="", help="why, written into the promotion's ledger row")
     args = parser.parse_args(argv)
     commands_by_name = {"run": cmd_run, "submit": cmd_submit, "status": cmd_status, "clean-workspace": cmd_clean, "report": cmd_report,
                         "promote": cmd_promote}

@@ -23,7 +23,8 @@ def current_label(task: Task) -> str:
                 next((r["version"] for r in map(ledger.parse_row, ledger.rows(task)) if r.get("sha256") == sha), "main"))
 
 
-def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: str | None = None, log=print) -> int:
+def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: str | None = None, log=print,
+            note: str = "") -> int:
     source = task.versions / version
     if not re.fullmatch(r"v\d+", version) or not (source / "solution.py").is_file():
         log(f"promote: no version {version} (expected vN with methods/versions/vN/solution.py)")
@@ -52,7 +53,7 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
     # "promote vN", not "vN": the row records no new version, so ledger.rows() (the attempts) never counts it
     row = {"version": f"promote {version}", "time (UTC)": f"{stamp:%Y-%m-%d %H:%M:%S}", "run": "promotion",
            "backend/model": "by hand", "parent": parent,
-           "summary / hypothesis": f"promoted {version} to {task.candidate_dir}{forced}",
+           "summary / hypothesis": f"promoted {version} to {task.candidate_dir}{forced}" + (f"; why: {note}" if note else ""),
            "correct": {True: "yes", False: "no", None: "-"}[verdict["correct"]], "residency": verdict["residency"] or "-",
            "balanced": fmt(strata.get("balanced")), "expert-batch": fmt(strata.get("expert-batch")),
            "score": fmt(verdict["score"]), "decision": "promoted (forced)" if forced else "promoted",

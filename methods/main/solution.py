@@ -1,4 +1,4 @@
-"""W4A16 GEMM with a fused bias + activation + residual epilogue: per-shape tiles, split-K, minimal host path.
+"""W4A16 GEMM with a fused bias + activation + residual epilogue: the inherited direct-W4 baseline (v0).
 
 Contract (SPEC.md):
     build(qweight, scales, bias, epilogue) -> fn;  fn(x, residual) -> out
@@ -8,414 +8,114 @@ Contract (SPEC.md):
     x        fp16  (M, K);  residual fp16 (M, N);  out fp16 (M, N), a fresh tensor on every call
     W[k, n] = (code[k, n] - 8) * scales[k // 128, n];   out = act(x @ W + bias) + residual,  act in {silu, gelu_tanh}
 
-A hand-written draft (not yet an attempt in the ledger): submit it with `python -m agent submit methods/drafts/splitk
---from v1 --summary ...` on a GPU, then let the offline search tune its tables (`--from vN`).
-
-Design:
-- One K step is one 128-row quantization group. UNPACK 0 loads each packed int32 word once, as a
-  [BLOCK_K // 8, BLOCK_N] tile, and expands it to [BLOCK_K, BLOCK_N] codes by shifting a [BLOCK_K // 8, 8, BLOCK_N]
-  broadcast and reshaping (row 8j + i is nibble i of word j); UNPACK 1 loads the word of every row, as v0 does.
-  MAGIC 1 turns codes into fp16 through the 0x6400 exponent trick. SCALE_AFTER_DOT 1 feeds the integer-valued codes
-  minus 8 (exact in fp16) to tl.dot and multiplies the fp32 partial by the group's scale; 0 scales the fp16 tile first.
-- Split-K, REDUCE_MODE 0 (no atomics): with SPLIT_K > 1 the main kernel writes fp32 partials to a per-call workspace
-  (SPLIT_K, M, N) and a second kernel sums them and applies bias, activation and residual. With SPLIT_K == 1 the main
-  kernel applies the epilogue itself (one launch). Split s covers groups [s*G // S, (s+1)*G // S).
-- Split-K, REDUCE_MODE 1 (one launch, not yet run on a GPU): each program adds its partial atomically into a kept fp32
-  (M, N) accumulator and counts itself in on a per-tile counter only after every add has returned; the program that
-  counts last applies the epilogue and leaves accumulator and counter at zero for the next call.
-- Host path: per M, the plan, the grid and a compiled-kernel launcher (CUDA, not interpreted) are built once; a call
-  is a few checks, torch.empty for the output (and the workspace when split) and one or two launches.
-Nothing is retained at build besides references to the caller's tensors; REDUCE_MODE 1 keeps its accumulator and
-counters (4*M*N + 4*tiles bytes) for the latest M only.
+One kernel reads the packed int32 words directly (no unpacked weight is ever kept), dequantizes a BLOCK_SIZE_K x
+BLOCK_SIZE_N tile to fp16 in registers, accumulates x @ W in fp32 and applies bias, activation and residual before the
+single store. One fixed configuration; no split-K, no autotuning.
 """
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.jit import JITFunction
 
 GROUP_SIZE = 128
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 
 
-# ------------------------------------------------------------------------------------------------ tuning (plain data)
 def get_config():
-    # General configuration: used for every shape that no tier below claims. BLOCK_SIZE_K must equal GROUP_SIZE.
-    # BLOCK_SIZE_M is the largest M tile; smaller M uses max(16, next power of two of M).
-    # SPLIT_K 0 means automatic: the fewest splits giving at least MIN_PROGRAMS programs.
-    # SWAP_AB 1: compute out^T = W^T x^T, the N tile as the MMA's M dimension (wgmma on Hopper); 0: x @ W.
-    # LAYOUT (with SWAP_AB) 0: the caller's words; 1: a (N, K // 8) copy; 2: a copy in program order (build repacks).
-    # UNPACK (without SWAP_AB) 0: load each word once and reshape; 1: load the word of every row (v0 style).
-    # MAGIC 1: int -> fp16 through the 0x6400 exponent trick; 0: plain conversion.
-    # SCALE_AFTER_DOT 1: the group's scale multiplies the fp32 partial product; 0: it multiplies the fp16 weight tile
-    # before the dot (as v0 does).
-    # REDUCE_MODE (with SPLIT_K > 1) 0: partials to a per-call workspace and a second kernel for the sum and the
-    # epilogue; 1: one launch, partials added atomically into a kept fp32 accumulator, the last program of a tile
-    # applies the epilogue.
-    return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 264,
-            "SWAP_AB": 1, "LAYOUT": 0, "UNPACK": 0, "MAGIC": 1, "SCALE_AFTER_DOT": 1, "REDUCE_MODE": 0,
-            "REDUCE_BLOCK": 1024, "REDUCE_WARPS": 4, "num_warps": 4, "num_stages": 3}
-
-
-# Per-shape overrides: the first tier whose N and K ranges hold the shape updates the general configuration.
-# Both start from the plan that won the H200 sweep of 30 plans on the visible panel (2026-11-30, `make sweep`):
-# swap-AB with 64-wide N tiles and split-K up to two programs per SM, the sums added in one launch. Eager us, that
-# plan vs v0: 44 vs 57, 144 vs 174, 142 vs 202, 47 vs 100, 65 vs 92 (balanced); 16 vs 64, 21 vs 122, 19 vs 67,
-# 14 vs 109, 26 vs 93 (expert-batch). (Measured with an earlier one-launch handshake that later proved racy in
-# some plans; the handshake now is the barrier-and-release one.)
-TIERS = [
-    # expert-batch: N <= 2048, deep K: few N tiles, so most programs come from split-K.
-    {"N_MIN": 256, "N_MAX": 2048, "K_MIN": 128, "K_MAX": 1 << 40,
-     "BLOCK_SIZE_N": 64, "SPLIT_K": 0, "MIN_PROGRAMS": 264, "SWAP_AB": 0, "LAYOUT": 0, "REDUCE_MODE": 0,
-     "num_warps": 4, "num_stages": 3},
-    # balanced: N >= 4096: 64..448 N tiles; split-K only where they are fewer than MIN_PROGRAMS.
-    {"N_MIN": 4096, "N_MAX": 1 << 40, "K_MIN": 128, "K_MAX": 1 << 40,
-     "BLOCK_SIZE_N": 128, "SPLIT_K": 0, "MIN_PROGRAMS": 264, "SWAP_AB": 1, "LAYOUT": 2, "REDUCE_MODE": 0,
-     "num_warps": 4, "num_stages": 3},
-]
-
-_TIER_RANGE_KEYS = ("N_MIN", "N_MAX", "K_MIN", "K_MAX")
-
-
-def _next_pow2(value):
-    return 1 << max(0, int(value) - 1).bit_length()
-
-
-def plan(M, K, N, overrides=None):
-    """The launch configuration for one (M, K, N): general config, updated by the matching tier and ``overrides``."""
-    config = dict(get_config())
-    for tier in TIERS:
-        if tier["N_MIN"] <= N <= tier["N_MAX"] and tier["K_MIN"] <= K <= tier["K_MAX"]:
-            config.update({key: value for key, value in tier.items() if key not in _TIER_RANGE_KEYS})
-            break
-    if overrides:
-        config.update(overrides)
-    if config["BLOCK_SIZE_K"] != GROUP_SIZE:
-        raise ValueError(f"BLOCK_SIZE_K must equal the quantization group {GROUP_SIZE}; got {config['BLOCK_SIZE_K']}")
-    block_m = max(16, min(_next_pow2(config["BLOCK_SIZE_M"]), _next_pow2(M)))
-    block_n = max(16, min(_next_pow2(config["BLOCK_SIZE_N"]), 256))
-    while N % block_n:
-        block_n //= 2
-    groups = K // GROUP_SIZE
-    tiles = triton.cdiv(M, block_m) * (N // block_n)
-    split_k = int(config["SPLIT_K"])
-    if split_k <= 0:
-        split_k = triton.cdiv(int(config["MIN_PROGRAMS"]), tiles)
-    # every split owns at least one whole group; the remainder groups spread one each over some splits
-    split_k = max(1, min(split_k, groups))
-    config.update({"BLOCK_SIZE_M": block_m, "BLOCK_SIZE_N": block_n, "SPLIT_K": split_k,
-                   "M_TILES": triton.cdiv(M, block_m), "N_TILES": N // block_n})
-    return config
-
-
-# ------------------------------------------------------------------------------------------------ kernels
-@triton.jit
-def _act_residual(z, residual, ACTIVATION: tl.constexpr):
-    if ACTIVATION == 0:  # silu
-        y = z * tl.sigmoid(z)
-    else:  # gelu_tanh: 0.5 z (1 + tanh(a)) == z * sigmoid(2a)
-        inner = 0.7978845608028654 * (z + 0.044715 * z * z * z)
-        y = z * tl.sigmoid(2.0 * inner)
-    return y + residual.to(tl.float32)
+    # BLOCK_SIZE_K equals the quantization group, so each K step uses one row of scales.
+    return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "num_warps": 4, "num_stages": 3}
 
 
 @triton.jit
-def w4a16_main_kernel(
-    x_ptr, q_ptr, s_ptr, b_ptr, r_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K,
-    ACTIVATION: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, LAYOUT: tl.constexpr,
-    UNPACK: tl.constexpr, MAGIC: tl.constexpr, SCALE_AFTER_DOT: tl.constexpr, REDUCE_MODE: tl.constexpr,
+def w4a16_gemm_kernel(
+    # Pointers
+    x_ptr, qweight_ptr, scales_ptr, bias_ptr, residual_ptr, out_ptr,
+    # Sizes
+    M, N, K,
+    # Strides
+    stride_xm, stride_xk,
+    stride_qk, stride_qn,
+    stride_sg, stride_sn,
+    stride_rm, stride_rn,
+    stride_om, stride_on,
+    # Meta-parameters
+    ACTIVATION: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
 ):
-    # M, N and K are runtime values (one compiled kernel serves every shape of a plan); Triton specializes them on
-    # divisibility by 16, which K % 128 == 0 and N % 256 == 0 always give.
-    WORDS: tl.constexpr = BLOCK_SIZE_K // 8
-    groups = K // BLOCK_SIZE_K
-    # M tiles vary fastest, so programs that share a weight tile run side by side.
-    m_tiles = tl.cdiv(M, BLOCK_SIZE_M)
-    pid = tl.program_id(0)
-    pid_m = pid % m_tiles
-    pid_n = pid // m_tiles
-    if SPLIT_K == 1:
-        g_start = 0
-        g_end = groups
-    else:
-        pid_k = tl.program_id(1)
-        g_start = (pid_k * groups) // SPLIT_K
-        g_end = ((pid_k + 1) * groups) // SPLIT_K
+    # Map the program id to the output tile it computes.
+    pid = tl.program_id(axis=0)
+    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
 
+    # Pointers to the first x tile and to the int32 word holding each (k, n) code of the first weight tile.
     offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
-    mask_m = offs_m < M
-    rows = offs_m.to(tl.int64)
     offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
     offs_k = tl.arange(0, BLOCK_SIZE_K)
-    offs_w = tl.arange(0, WORDS)
-    s_ptrs = s_ptr + g_start * N + offs_n
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    q_ptrs = qweight_ptr + (offs_k[:, None] // 8) * stride_qk + offs_n[None, :] * stride_qn
+    shifts = (offs_k % 8) * 4
+    mask_m = offs_m[:, None] < M
 
-    if SWAP_AB:
-        # out^T = W^T x^T: the N tile is the MMA's M dimension (64-row wgmma instructions on Hopper) and the few
-        # rows of x its N dimension. Words are loaded as [BLOCK_SIZE_N, WORDS]: LAYOUT 0 reads the caller's
-        # (K // 8, N) words, LAYOUT 1 a (N, K // 8) copy made at build (each column's words K-contiguous), LAYOUT 2 a
-        # copy in program order (N // BLOCK_SIZE_N, K // 128, BLOCK_SIZE_N, 16): one contiguous block per step.
-        xt_ptrs = x_ptr + rows[None, :] * K + (g_start * BLOCK_SIZE_K + offs_k)[:, None]
-        if LAYOUT == 0:
-            q_ptrs = q_ptr + (g_start * WORDS + offs_w)[None, :] * N + offs_n[:, None]
-            q_step = WORDS * N
-        elif LAYOUT == 1:
-            q_ptrs = q_ptr + offs_n.to(tl.int64)[:, None] * tl.multiple_of(K // 8, 16) + (g_start * WORDS + offs_w)[None, :]
-            q_step = WORDS
-        else:
-            tile = (pid_n.to(tl.int64) * groups + g_start) * (BLOCK_SIZE_N * WORDS)
-            q_ptrs = q_ptr + tile + tl.arange(0, BLOCK_SIZE_N)[:, None] * WORDS + offs_w[None, :]
-            q_step = BLOCK_SIZE_N * WORDS
-        shifts = tl.arange(0, 8) * 4
-        acc = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_M), dtype=tl.float32)
-        for _ in range(g_start, g_end):
-            xt = tl.load(xt_ptrs, mask=mask_m[None, :], other=0.0)
-            words = tl.load(q_ptrs)
-            codes = (words[:, :, None] >> shifts[None, None, :]) & 0xF
-            codes = tl.reshape(codes, (BLOCK_SIZE_N, BLOCK_SIZE_K))  # column 8j + i is nibble i of word j
-            if MAGIC:
-                w = (codes | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1032.0
-            else:
-                w = (codes - 8).to(tl.float16)
-            scale = tl.load(s_ptrs)
-            if SCALE_AFTER_DOT:
-                acc += tl.dot(w, xt) * scale.to(tl.float32)[:, None]
-            else:
-                acc = tl.dot(w * scale[:, None], xt, acc)
-            xt_ptrs += BLOCK_SIZE_K
-            q_ptrs += q_step
-            s_ptrs += N
-        # the output's element (m, n) is acc[n, m]
-        io = rows[None, :] * N + offs_n[:, None]
-        mask = mask_m[None, :]
-        bias = tl.load(b_ptr + offs_n).to(tl.float32)[:, None]
-    else:
-        x_ptrs = x_ptr + rows[:, None] * K + (g_start * BLOCK_SIZE_K + offs_k)[None, :]
-        if UNPACK == 0:
-            q_ptrs = q_ptr + (g_start * WORDS + offs_w)[:, None] * N + offs_n[None, :]
-            shifts = tl.arange(0, 8) * 4
-        else:
-            q_ptrs = q_ptr + (g_start * WORDS + offs_k // 8)[:, None] * N + offs_n[None, :]
-            shifts = (offs_k % 8) * 4
-        acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-        for _ in range(g_start, g_end):
-            x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
-            words = tl.load(q_ptrs)
-            if UNPACK == 0:
-                codes = (words[:, None, :] >> shifts[None, :, None]) & 0xF
-                codes = tl.reshape(codes, (BLOCK_SIZE_K, BLOCK_SIZE_N))
-            else:
-                codes = (words >> shifts[:, None]) & 0xF
-            if MAGIC:
-                # 0x6400 | c is the fp16 1024 + c (ulp 1 at 1024): exact; minus 1032 gives c - 8 exactly.
-                w = (codes | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1032.0
-            else:
-                w = (codes - 8).to(tl.float16)
-            scale = tl.load(s_ptrs)
-            if SCALE_AFTER_DOT:
-                part = tl.dot(x, w)  # exact products of integer-valued weights, fp32 accumulation
-                acc += part * scale.to(tl.float32)[None, :]
-            else:  # v0's order: a scaled fp16 weight tile (exact for the task's 7-bit scales), one fused dot
-                acc = tl.dot(x, w * scale[None, :], acc)
-            x_ptrs += BLOCK_SIZE_K
-            q_ptrs += WORDS * N
-            s_ptrs += N
-        io = rows[:, None] * N + offs_n[None, :]
-        mask = mask_m[:, None]
-        bias = tl.load(b_ptr + offs_n).to(tl.float32)[None, :]
+    # K loop: dequantize one group's tile to fp16 and accumulate in fp32.
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+        x = tl.load(x_ptrs, mask=mask_m, other=0.0)
+        words = tl.load(q_ptrs)
+        codes = (words >> shifts[:, None]) & 0xF
+        scale = tl.load(scales_ptr + k * stride_sg + offs_n * stride_sn)
+        w = (codes - 8).to(tl.float16) * scale[None, :]
+        acc = tl.dot(x, w, acc)
+        x_ptrs += BLOCK_SIZE_K * stride_xk
+        q_ptrs += (BLOCK_SIZE_K // 8) * stride_qk
 
-    if SPLIT_K == 1:
-        residual = tl.load(r_ptr + io, mask=mask, other=0.0)
-        y = _act_residual(acc + bias, residual, ACTIVATION)
-        tl.store(out_ptr + io, y.to(tl.float16), mask=mask)
-    elif REDUCE_MODE == 0:
-        tl.store(ws_ptr + pid_k.to(tl.int64) * M * N + io, acc, mask=mask)
-    else:
-        # One launch: add the partial into the kept fp32 accumulator (zero between calls); the program whose count
-        # comes last applies the epilogue, then zeroes the tile and its counter for the next call. Every thread's
-        # adds come before the barrier, the barrier before the counter's release (cumulative at GPU scope), and
-        # the last program's acquire before its reads: the split-K serial pattern of CUTLASS's semaphore.
-        tl.atomic_add(ws_ptr + io, acc, mask=mask, sem="relaxed")
-        tl.debug_barrier()
-        count = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel")
-        if count == SPLIT_K - 1:
-            z = tl.load(ws_ptr + io, mask=mask, other=0.0, volatile=True)
-            residual = tl.load(r_ptr + io, mask=mask, other=0.0)
-            y = _act_residual(z + bias, residual, ACTIVATION)
-            tl.store(out_ptr + io, y.to(tl.float16), mask=mask)
-            tl.store(ws_ptr + io, tl.zeros_like(z), mask=mask)
-            tl.store(cnt_ptr + pid, 0)
+    # Epilogue: bias, activation, residual, then one masked fp16 store.
+    acc += tl.load(bias_ptr + offs_n).to(tl.float32)[None, :]
+    if ACTIVATION == 0:  # silu
+        acc = acc * tl.sigmoid(acc)
+    else:  # gelu_tanh: 0.5 z (1 + tanh(a)) == z * sigmoid(2a)
+        inner = 0.7978845608028654 * (acc + 0.044715 * acc * acc * acc)
+        acc = acc * tl.sigmoid(2.0 * inner)
+    residual = tl.load(residual_ptr + offs_m[:, None] * stride_rm + offs_n[None, :] * stride_rn, mask=mask_m, other=0.0)
+    acc += residual.to(tl.float32)
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    tl.store(out_ptrs, acc.to(tl.float16), mask=mask_m)
 
 
-@triton.jit
-def w4a16_reduce_kernel(
-    ws_ptr, b_ptr, r_ptr, out_ptr, TOTAL, N,
-    ACTIVATION: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
-):
-    # The (M, N) output flattened: TOTAL = M * N elements; the workspace is SPLIT_K such planes.
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < TOTAL
-    ws_ptrs = ws_ptr + offs
-    z = tl.load(ws_ptrs, mask=mask, other=0.0)
-    for _ in tl.static_range(1, SPLIT_K):
-        ws_ptrs += TOTAL
-        z += tl.load(ws_ptrs, mask=mask, other=0.0)
-    z += tl.load(b_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
-    residual = tl.load(r_ptr + offs, mask=mask, other=0.0)
-    y = _act_residual(z, residual, ACTIVATION)
-    tl.store(out_ptr + offs, y.to(tl.float16), mask=mask)
-
-
-# ------------------------------------------------------------------------------------------------ host
-def repack(qweight, layout, block_n):
-    """The int32 words in the order LAYOUT reads them (same bytes as the caller's tensor; 0 keeps the caller's)."""
-    if layout == 0:
-        return qweight
-    words_k, n = qweight.shape
-    if layout == 1:  # (N, K // 8): each column's words contiguous along K
-        return qweight.t().contiguous()
-    if layout == 2:  # (N // block_n, K // 128, block_n, 16): one contiguous block per program and K step
-        return qweight.view(words_k // 16, 16, n // block_n, block_n).permute(2, 0, 3, 1).contiguous()
-    raise ValueError(f"LAYOUT must be 0, 1 or 2; got {layout!r}")
-
-
-def _check_weights(qweight, scales, bias, epilogue):
+def build(qweight, scales, bias, epilogue):
+    """Check the weights once and return ``fn(x, residual) -> out``."""
     if epilogue not in ACTIVATIONS:
         raise ValueError(f"epilogue must be one of {sorted(ACTIVATIONS)}; got {epilogue!r}")
     if qweight.dtype != torch.int32 or qweight.dim() != 2 or not qweight.is_contiguous():
         raise ValueError(f"qweight must be a contiguous int32 (K // 8, N) tensor; got {qweight.dtype} {tuple(qweight.shape)}")
     K, N = qweight.shape[0] * 8, qweight.shape[1]
-    if K <= 0 or N <= 0 or K % GROUP_SIZE or N % 256:
-        raise ValueError(f"K must be a positive multiple of 128 and N of 256; got K={K}, N={N}")
-    if scales.dtype != torch.float16 or tuple(scales.shape) != (K // GROUP_SIZE, N) or not scales.is_contiguous():
-        raise ValueError(f"scales must be contiguous fp16 {(K // GROUP_SIZE, N)}; got {scales.dtype} {tuple(scales.shape)}")
-    if bias.dtype != torch.float16 or tuple(bias.shape) != (N,) or not bias.is_contiguous():
-        raise ValueError(f"bias must be contiguous fp16 ({N},); got {bias.dtype} {tuple(bias.shape)}")
-    for name, tensor in (("scales", scales), ("bias", bias)):
-        if tensor.device != qweight.device:
-            raise ValueError(f"{name} must be on {qweight.device}; got {tensor.device}")
-    return K, N
-
-
-def build(qweight, scales, bias, epilogue, config=None):
-    """Check the weights once and return ``fn(x, residual) -> out``.
-
-    ``config`` (optional, for tests and tuning) is a dict of overrides applied on top of the plan's tier.
-    """
-    K, N = _check_weights(qweight, scales, bias, epilogue)
+    if K % GROUP_SIZE or N % 256:
+        raise ValueError(f"K must be a multiple of 128 and N of 256; got K={K}, N={N}")
+    if scales.dtype != torch.float16 or tuple(scales.shape) != (K // GROUP_SIZE, N):
+        raise ValueError(f"scales must be fp16 {(K // GROUP_SIZE, N)}; got {scales.dtype} {tuple(scales.shape)}")
+    if bias.dtype != torch.float16 or tuple(bias.shape) != (N,):
+        raise ValueError(f"bias must be fp16 ({N},); got {bias.dtype} {tuple(bias.shape)}")
+    config = get_config()
+    block_m, block_n = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"]
     activation = ACTIVATIONS[epilogue]
-    device = qweight.device
-    overrides = dict(config) if config else None
-    # the weight layout depends on (K, N) only, never on M: repack once, here
-    shape_plan = plan(GROUP_SIZE, K, N, overrides)
-    layout = shape_plan["LAYOUT"] if shape_plan["SWAP_AB"] else 0
-    words = repack(qweight, layout, shape_plan["BLOCK_SIZE_N"])
-    compiled_path = device.type == "cuda" and isinstance(w4a16_main_kernel, JITFunction)
-    launches = {}  # M -> call(x, residual) -> out
-    keeping = set()  # the M whose launch keeps an accumulator (REDUCE_MODE 1): one at a time, within the contract
-
-    def make_launch(M, x, residual):
-        cfg = plan(M, K, N, overrides)
-        split_k = cfg["SPLIT_K"]
-        grid = (cfg["M_TILES"] * cfg["N_TILES"], split_k, 1)
-        one_launch = split_k > 1 and cfg["REDUCE_MODE"] == 1
-        main_tail = (M, N, K, activation, split_k, cfg["SWAP_AB"], layout, cfg["UNPACK"], cfg["MAGIC"],
-                     cfg["SCALE_AFTER_DOT"], cfg["REDUCE_MODE"], cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], GROUP_SIZE)
-        main_opts = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
-        total = M * N
-        reduce_block = cfg["REDUCE_BLOCK"]
-        reduce_grid = (triton.cdiv(total, reduce_block), 1, 1)
-        reduce_tail = (total, N, activation, split_k, reduce_block)
-        reduce_opts = {"num_warps": cfg["REDUCE_WARPS"]}
-        ws_shape = (split_k, M, N)
-        out_shape = (M, N)
-        f16, f32 = torch.float16, torch.float32
-        if one_launch:
-            # kept between calls: 4*M*N bytes of fp32 (the contract's floating allowance is 2*M*K + 4*M*N + 1 MiB)
-            # and one int32 counter per output tile; the last program of each tile leaves both at zero
-            for other in keeping - {M}:
-                launches.pop(other, None)
-            keeping.clear()
-            keeping.add(M)
-            accumulator = torch.zeros(out_shape, dtype=f32, device=device)
-            counters = torch.zeros(cfg["M_TILES"] * cfg["N_TILES"], dtype=torch.int32, device=device)
-
-        if not compiled_path:
-            # The interpreter (CPU tensors) or any non-CUDA device: the normal JIT dispatch.
-            def call(x, residual):
-                out = torch.empty(out_shape, dtype=f16, device=x.device)
-                if split_k == 1:
-                    w4a16_main_kernel[grid](x, words, scales, bias, residual, out, out, out, *main_tail, **main_opts)
-                elif one_launch:
-                    w4a16_main_kernel[grid](x, words, scales, bias, residual, out, accumulator, counters, *main_tail,
-                                            **main_opts)
-                else:
-                    ws = torch.empty(ws_shape, dtype=f32, device=x.device)
-                    w4a16_main_kernel[grid](x, words, scales, bias, residual, out, ws, out, *main_tail, **main_opts)
-                    w4a16_reduce_kernel[reduce_grid](ws, bias, residual, out, *reduce_tail, **reduce_opts)
-                return out
-            return call
-
-        # CUDA: compile once for this M (the warmup specializes on the actual argument properties: 16-byte aligned
-        # pointers, M's divisibility by 16 or M == 1), then launch through the CompiledKernel's launcher. The
-        # launcher of triton 3.6 takes every kernel parameter in declaration order, constexpr ones included (their
-        # values are parsed and ignored), exactly like JITFunction.run passes *bound_args.values().
-        out = torch.empty(out_shape, dtype=f16, device=device)
-        if one_launch:
-            ws, cnt = accumulator, counters
-        else:
-            ws, cnt = (torch.empty(ws_shape, dtype=f32, device=device) if split_k > 1 else out), out
-        # warmup compiles without launching: the accumulator and the counters stay at zero
-        main = w4a16_main_kernel.warmup(x, words, scales, bias, residual, out, ws, cnt, *main_tail, grid=grid,
-                                        **main_opts)
-        if hasattr(main, "result"):
-            main = main.result()
-        run_main = main[grid]
-        if split_k == 1:
-            def call(x, residual):
-                out = torch.empty(out_shape, dtype=f16, device=device)
-                run_main(x, words, scales, bias, residual, out, out, out, *main_tail)
-                return out
-            return call
-        if one_launch:
-            def call(x, residual):
-                out = torch.empty(out_shape, dtype=f16, device=device)
-                run_main(x, words, scales, bias, residual, out, accumulator, counters, *main_tail)
-                return out
-            return call
-
-        reduce = w4a16_reduce_kernel.warmup(ws, bias, residual, out, *reduce_tail, grid=reduce_grid, **reduce_opts)
-        if hasattr(reduce, "result"):
-            reduce = reduce.result()
-        run_reduce = reduce[reduce_grid]
-
-        def call(x, residual):
-            out = torch.empty(out_shape, dtype=f16, device=device)
-            ws = torch.empty(ws_shape, dtype=f32, device=device)
-            run_main(x, words, scales, bias, residual, out, ws, out, *main_tail)
-            run_reduce(ws, bias, residual, out, *reduce_tail)
-            return out
-        return call
 
     def fn(x, residual):
         if x.dtype != torch.float16 or x.dim() != 2 or x.shape[1] != K:
             raise ValueError(f"x must be fp16 (M, {K}); got {x.dtype} {tuple(x.shape)}")
         M = x.shape[0]
-        if residual.dtype != torch.float16 or residual.dim() != 2 or residual.shape[0] != M or residual.shape[1] != N:
-            raise ValueError(f"residual must be fp16 ({M}, {N}); got {residual.dtype} {tuple(residual.shape)}")
-        if M == 0:
-            raise ValueError("x must have at least one row")
-        # The kernels assume contiguous rows and 16-byte aligned bases (compiled that way); copy anything else.
-        if not x.is_contiguous() or x.data_ptr() & 15:
-            x = x.clone(memory_format=torch.contiguous_format)
-        if not residual.is_contiguous() or residual.data_ptr() & 15:
-            residual = residual.clone(memory_format=torch.contiguous_format)
-        call = launches.get(M)
-        if call is None:
-            if x.device != device or residual.device != device:
-                raise ValueError(f"x and residual must be on {device}; got {x.device} and {residual.device}")
-            call = make_launch(M, x, residual)
-            launches[M] = call
-        return call(x, residual)
+        out = torch.empty((M, N), dtype=torch.float16, device=x.device)
+        grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n),)
+        w4a16_gemm_kernel[grid](
+            x, qweight, scales, bias, residual, out,
+            M, N, K,
+            x.stride(0), x.stride(1),
+            qweight.stride(0), qweight.stride(1),
+            scales.stride(0), scales.stride(1),
+            residual.stride(0), residual.stride(1),
+            out.stride(0), out.stride(1),
+            ACTIVATION=activation,
+            BLOCK_SIZE_M=block_m, BLOCK_SIZE_N=block_n, BLOCK_SIZE_K=config["BLOCK_SIZE_K"],
+            num_warps=config["num_warps"], num_stages=config["num_stages"],
+        )
+        return out
 
     return fn

@@ -99,9 +99,11 @@ def test_promote_checks_copies_records_and_leaves_versions_alone(project: Path, 
     assert refused.returncode == 1 and "refused" in refused.stdout
     assert main.read_text() == (versions / "v1" / "solution.py").read_text()
 
-    forced = run_agent(project, "promote", "v9", "--panel", str(panel), "--force", timeout=400)
+    forced = run_agent(project, "promote", "v9", "--panel", str(panel), "--force", "--note", "a test | of the note",
+                       timeout=400)
     assert "forcing past" in forced.stdout and main.read_text() == (broken / "solution.py").read_text()
     assert promotion_rows(project)[-1].startswith("| promote v9 |") and "promoted (forced)" in promotion_rows(project)[-1]
+    assert "; why: a test / of the note |" in promotion_rows(project)[-1]  # the reason, in a cell of its own row
     assert ledger_rows(project) == rows_before
     shutil.rmtree(broken)
     assert tree_digest(versions) == before, "promotion changed methods/versions"
