@@ -39,7 +39,7 @@ class Task:
     eval_timeout_s: float = field(default_factory=lambda: float(os.environ.get("KLOOP_EVAL_TIMEOUT", "900")))
     """Wall-clock limit of each evaluator subprocess; on expiry its whole process group is killed."""
     policy_cmd: tuple[str, ...] = ("-m", "evals.policy")
-    gates_cmd: tuple[str, ...] = ("-m", "evals.verifier", "--gates-only")
+    gates_cmd: tuple[str, ...] = ("-m", "evals.verifier", "--gates-only", "--jobs", "3")  # untimed: 3 cases at once
     gates_module: str = "evals/verifier.py"
     """The gates stage runs only when this file exists in the main checkout."""
     selfcheck_cmd: tuple[str, ...] = ("-m", "evals.selfcheck")

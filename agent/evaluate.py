@@ -1,5 +1,5 @@
 """The evaluation chain, cheapest first, stopping at the first failure: source policy -> selfcheck -> best and
-candidate timed in alternation -> residency guard -> verifier gates (the last two, the slowest on a GPU, only for a
+candidate timed in alternation -> residency guard and verifier gates side by side (the slowest on a GPU, only for a
 candidate that would be kept).
 
 Each stage is the evaluator's own CLI in a subprocess (agent/ never imports evals/); its JSON is the result.
@@ -7,13 +7,16 @@ Each stage is the evaluator's own CLI in a subprocess (agent/ never imports eval
 from __future__ import annotations
 
 import json
-import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.config import Task
 from agent.runner import clip, python_command, python_env, run_command
+
+SURELY_SLOWER = 0.05
+"""How far below the best's score against v0 a candidate's may be before it is not timed against the best."""
 
 
 @dataclass
@@ -98,13 +101,16 @@ class Evaluator:
             stage.note = "residency: " + "; ".join(_case_failure(c) for c in stage.report["cases"] if not c.get("ok"))[:1500]
         return stage
 
-    def evaluate(self, solution: Path, best: Path, best_is_baseline: bool, full_check: bool = True) -> dict:
+    def evaluate(self, solution: Path, best: Path, best_is_baseline: bool, full_check: bool = True,
+                 best_score: float | None = None) -> dict:
         """The verdict of one attempt; ``keep`` is True only for a valid candidate faster than ``best`` beyond noise.
 
-        Cheapest first, stopping at the first failure: policy, selfcheck (correctness and speed), the comparison with
-        the best; then the residency guard and the verifier gates, the slowest stages on a GPU. Without
-        ``full_check`` (the loop's default) they run only for a candidate that would be kept, since a slower one is
-        reverted whatever they say.
+        Cheapest first, stopping at the first failure: policy, selfcheck (correctness and speed against v0), the
+        comparison with the best (both timed in alternation in one process); then the residency guard and the
+        verifier gates, the slowest stages on a GPU, side by side (neither times anything). Without ``full_check``
+        (the loop's default) they run only for a candidate that would be kept, since a slower one is reverted
+        whatever they say. A candidate whose score against v0 is more than ``SURELY_SLOWER`` below ``best_score``
+        (the best's own score against v0) cannot be kept: it is not timed against the best, and its row says so.
         """
         stages: list[Stage] = []
 
@@ -115,12 +121,18 @@ class Evaluator:
         comparison: dict = {"keep": False, "speedup_over_best": None, "noise": None}
         if passed(self.policy(solution)) and passed(self.selfcheck(solution)):
             check = stages[-1].report
+            estimate = (check.get("score") or 0.0) / best_score if best_score else None
             if best_is_baseline:  # the selfcheck already timed the candidate against v0 in alternation
                 comparison = compare(check)
+            elif estimate is not None and estimate < 1 - SURELY_SLOWER:
+                comparison = {"keep": False, "speedup_over_best": estimate, "noise": None,
+                              "compare_note": "estimated from both scores against v0; not timed against the best"}
             elif passed(self.selfcheck(solution, best, "versus_best")):
                 comparison = compare(stages[-1].report)
             if comparison["keep"] or full_check:
-                passed(self.residency(solution)) and passed(self.gates(solution))
+                with ThreadPoolExecutor(2) as pool:  # two processes, neither timed: side by side
+                    checks = [pool.submit(self.residency, solution), pool.submit(self.gates, solution)]
+                    stages.extend(future.result() for future in checks)
         check = next((s.report for s in stages if s.name == "selfcheck" and s.report and "cases" in s.report), None)
         names = {s.name: s for s in stages}
         verdict = {"stages": [s.summary() for s in stages], "failed_stage": next((s.name for s in stages if not s.ok), None),
@@ -137,16 +149,18 @@ class Evaluator:
 
 
 def compare(report: dict | None) -> dict:
-    """Geomean speedup of the candidate over the best, both timed in alternation in one process, against the noise:
-    the median over cases of the spread (max/min - 1) of the candidate's per-group times."""
+    """The candidate's speedup over the best, both timed in alternation in one process, aggregated as the task's
+    score (the selfcheck's: geometric mean per stratum, harmonic mean across strata), against the noise: the median
+    over cases of the spread (max/min - 1) of the candidate's per-group times. A plain geomean over all cases would
+    keep a candidate that wins one stratum by more than it loses the other and lowers the score."""
     cases = (report or {}).get("cases", [])
     speedups = [c["speedup"] for c in cases if c.get("speedup")]
-    if not cases or len(speedups) != len(cases):
+    score = (report or {}).get("score")
+    if not cases or len(speedups) != len(cases) or not score:
         return {"keep": False, "speedup_over_best": None, "noise": None, "compare_note": "no valid comparison"}
     spreads = sorted(max(c["times_us"]) / min(c["times_us"]) - 1 for c in cases if c.get("times_us"))
     noise = spreads[len(spreads) // 2] if spreads else 0.0
-    speedup = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
-    return {"keep": speedup > 1 + noise, "speedup_over_best": speedup, "noise": noise}
+    return {"keep": score > 1 + noise, "speedup_over_best": score, "noise": noise}
 
 
 def _case_failure(case: dict) -> str:

@@ -120,9 +120,12 @@ class Run:
         # a directory of its own per evaluation: a killed run's evaluator children may still write to theirs on --resume
         name = f"{iteration:03d}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{os.urandom(3).hex()}"
         evaluator = Evaluator(self.task, self.config.panel, self.config.cuda, self.workspace.state_dir / "attempts" / name)
-        verdict = evaluator.evaluate(self.tools.candidate, self.best_dir, self.state.best_is_baseline, self.config.full_check)
+        verdict = evaluator.evaluate(self.tools.candidate, self.best_dir, self.state.best_is_baseline, self.config.full_check,
+                                     self.state.best_score)
         if verdict["keep"]:
             decision = f"keep ({verdict['speedup_over_best']:.3f}x best, noise {verdict['noise']:.3f})"
+        elif verdict["valid"] and verdict.get("compare_note", "").startswith("estimated"):
+            decision = f"revert (~{verdict['speedup_over_best']:.3f}x best from both scores against v0, not timed against it)"
         elif verdict["valid"]:
             decision = f"revert ({fmt(verdict['speedup_over_best'])}x best, noise {fmt(verdict['noise'])})"
         else:

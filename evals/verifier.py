@@ -1,6 +1,6 @@
 """The sealed judge of SPEC.md: every hard gate, then three timed roles per case, then the score.
 
-    python -m evals.verifier --solution DIR --panel FILE [--baseline DIR] [--json OUT] [--gates-only]
+    python -m evals.verifier --solution DIR --panel FILE [--baseline DIR] [--json OUT] [--gates-only [--jobs N]]
     python -m evals.verifier make-panel --seed S [--out FILE] [--per-stratum 5]
 
 This process never imports candidate code. It runs the source policy (evals/policy.py) itself, and for each case
@@ -13,7 +13,8 @@ invalid whatever it does, so a full run does not time it: its role gates are ski
 
 ``--gates-only`` runs the candidate role alone, every gate but the timing ones (even when the policy failed: the
 role's dynamic evidence shows what the code does); without CUDA on CPU tensors under the Triton interpreter,
-skipping only the CUDA-only gates and saying why (exit 0 when no gate failed).
+skipping only the CUDA-only gates and saying why (exit 0 when no gate failed). Nothing is timed there, so
+``--jobs N`` checks N cases at once, each still in its own process.
 A case the verifier itself cannot set up (a seed whose adversarial construction leaves fp16 range) fails the
 case_setup gate with the verifier's message; that is a panel problem to re-draw, not a failure of the candidate.
 A hidden ``--schedule smoke`` shrinks the schedule so that CPU tests of the whole pipeline finish; it never scores.
@@ -28,6 +29,7 @@ _version or contents) repeats within a group or between groups, so a cache of ou
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -35,6 +37,7 @@ import random
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
@@ -53,13 +56,14 @@ PANEL_HOME = Path.home() / ".kloop" / "panels"
 PROTECTED_DIRS = ("methods", "workspace")  # the agent reads and writes these: no sealed panel may live there
 PER_STRATUM = 5
 K_RANGE = (8192, 28672)
+_ROLE_IDS = itertools.count()  # unique record names when roles run at once
 N_BY_STRATUM = {"balanced": (4096, 28672), "expert-batch": (512, 2048)}
 
 
 # ----------------------------------------------------------------------------------------------------- roles
 def run_role_process(solution: Path, case: kh.Case, schedule: str, timing: bool, scratch: Path) -> dict:
     """One role in a fresh process; a crash, a hang or a missing record becomes an error record."""
-    out = scratch / f"role-{len(list(scratch.glob('role-*.json')))}-{case.name}.json"
+    out = scratch / f"role-{os.getpid()}-{next(_ROLE_IDS)}-{case.name}.json"
     command = [sys.executable, "-m", "evals.verifier", "role", "--solution", str(solution),
                "--case", json.dumps(asdict(case)), "--schedule", schedule, "--out", str(out)] + (["--timing"] if timing else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
@@ -178,7 +182,9 @@ def summarize(cases: list[dict], gates_only: bool) -> dict:
             "valid": passed and (gates_only or (not skipped and score is not None))}
 
 
-def judge(solution: Path, panel: str, baseline: Path, gates_only: bool, schedule: str, log=print) -> dict:
+def judge(solution: Path, panel: str, baseline: Path, gates_only: bool, schedule: str, log=print, jobs: int = 1) -> dict:
+    """Every case's roles, one process each. Timed roles always run one at a time; with ``gates_only`` (nothing is
+    timed) up to ``jobs`` cases run at once."""
     info = kh.select_device()
     cases = kh.load_panel(panel)
     policy = policy_gate(solution)
@@ -186,9 +192,14 @@ def judge(solution: Path, panel: str, baseline: Path, gates_only: bool, schedule
     log(HEADER)
     judged = []
     with tempfile.TemporaryDirectory(prefix="kloop-verifier-") as scratch:
+        untimed = {}
+        if gates_only:
+            with ThreadPoolExecutor(max(1, jobs)) as pool:
+                records = pool.map(lambda c: run_role_process(solution, c, schedule, False, Path(scratch)), cases)
+                untimed = dict(zip((c.name for c in cases), records))
         for case in cases:
             if gates_only:
-                roles = {"candidate": run_role_process(solution, case, schedule, False, Path(scratch))}
+                roles = {"candidate": untimed[case.name]}
             elif policy["status"] != "pass":  # invalid whatever it does: timing it would spend three roles for nothing
                 roles = {"candidate": not_run_record(case, solution, "not run: the source policy rejected the solution, "
                                                      "so it is not timed (--gates-only still runs it for evidence)")}
@@ -312,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", default=str(V0_DIR), help="the yardstick (default methods/versions/v0)")
     parser.add_argument("--json", type=Path, help="write the full report here")
     parser.add_argument("--gates-only", action="store_true", help="every hard gate but the timing ones, quickly")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="with --gates-only: cases checked at once, each in its own process (default 1)")
     parser.add_argument("--schedule", choices=("spec", "smoke"), default="spec", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
@@ -321,7 +334,11 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, kh.SetupError) as exc:  # the user's paths, not the candidate's failure
         print(f"verifier: {exc}", file=sys.stderr)
         return 2
-    report = judge(solution, args.panel, baseline, args.gates_only, args.schedule, log=lambda line: print(line, flush=True))
+    if args.jobs < 1:
+        print(f"verifier: --jobs must be at least 1; got {args.jobs}", file=sys.stderr)
+        return 2
+    report = judge(solution, args.panel, baseline, args.gates_only, args.schedule,
+                   log=lambda line: print(line, flush=True), jobs=args.jobs)
     print_summary(report)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -25,10 +25,13 @@ def verify(*args, env=None):
 
 def test_gates_only_on_the_smoke_panel_names_every_gate_with_evidence(tmp_path):
     out = tmp_path / "report.json"
-    run = verify("--solution", "methods/versions/v0", "--panel", "smoke", "--gates-only", "--json", out)
+    # three cases at once (nothing is timed): each still in its own process, reported in the panel's order
+    run = verify("--solution", "methods/versions/v0", "--panel", "smoke", "--gates-only", "--jobs", 3, "--json", out)
     assert run.returncode == 0, run.stdout + run.stderr
     report = json.loads(out.read_text())
     assert report["valid"] and report["mode"] == "gates-only" and len(report["cases"]) == 4
+    assert [c["case"]["name"] for c in report["cases"]] == [c.name for c in kh.load_panel("smoke")]
+    assert all(c["roles"]["candidate"]["case"]["name"] == c["case"]["name"] for c in report["cases"])
     for case in report["cases"]:
         for name in ROLE_GATES_RUN_ON_CPU | {"policy", "coverage"}:
             assert case["gates"][name]["status"] == "pass" and case["gates"][name]["evidence"], name
@@ -39,6 +42,11 @@ def test_gates_only_on_the_smoke_panel_names_every_gate_with_evidence(tmp_path):
         assert "CUDA" in report["skipped"]["streams"]
     assert set(report["skipped"]) == expected_skips
     assert all(f"skipped {name}:" in run.stdout for name in expected_skips)
+
+
+def test_jobs_below_one_is_a_usage_error():
+    run = verify("--solution", "methods/versions/v0", "--panel", "smoke", "--gates-only", "--jobs", 0)
+    assert run.returncode == 2 and "--jobs must be at least 1" in run.stderr
 
 
 def test_the_full_pipeline_times_three_roles_and_scores_them(tmp_path, panel_file):

@@ -1,0 +1,82 @@
+"""The keep rule: the task's score (geomean per stratum, harmonic mean across strata) decides, not a geomean over
+cases; a candidate surely slower than the best by both scores against v0 is not timed against the best; residency and
+gates both run for a keeper. The evaluator stages are real subprocesses (stand-in commands that write their JSON)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from agent.config import Task
+from agent.evaluate import SURELY_SLOWER, Evaluator, compare
+
+# A stand-in selfcheck: the numbers come from the solution directory's numbers.json ("versus_v0" or, with
+# --baseline, "versus_best"): per-case speedups and a score, as evals.selfcheck reports them.
+SELFCHECK = """
+import json, sys
+from pathlib import Path
+args = sys.argv[1:]
+numbers = json.loads((Path(args[args.index('--solution') + 1]) / 'numbers.json').read_text())
+part = numbers['versus_best' if '--baseline' in args else 'versus_v0']
+cases = [{'case': {'name': f'c{i}', 'stratum': stratum}, 'correct': True, 'speedup': s, 'times_us': [10.0, 10.05],
+          'median_us': 10.0} for i, (stratum, s) in enumerate(part['speedups'])]
+report = {'cases': cases, 'score': part['score'], 'all_correct': True, 'strata': part.get('strata', {})}
+Path(args[args.index('--json') + 1]).write_text(json.dumps(report))
+"""
+PASS = "import json, sys; json.dump({'ok': True, 'cases': []}, open(sys.argv[sys.argv.index('--json') + 1], 'w'))"
+
+
+def report(score: float, speedups: list[tuple[str, float]]) -> dict:
+    cases = [{"case": {"name": f"c{i}", "stratum": st}, "speedup": s, "times_us": [10.0, 10.05]}
+             for i, (st, s) in enumerate(speedups)]
+    return {"cases": cases, "score": score}
+
+
+def test_compare_keeps_by_the_task_score_not_by_a_geomean_over_cases():
+    # expert-batch doubled on three cases, balanced lost a third on two: the geomean over cases is 1.31, but the
+    # score (harmonic mean of the stratum geomeans 0.67 and 2.0) is 1.0: no gain, no keep
+    lopsided = [("balanced", 0.67), ("balanced", 0.67), ("expert-batch", 2.0), ("expert-batch", 2.0), ("expert-batch", 2.0)]
+    verdict = compare(report(1.0038, lopsided))
+    assert not verdict["keep"] and verdict["speedup_over_best"] == 1.0038
+    assert abs(verdict["noise"] - 0.005) < 1e-9  # the median spread of the candidate's group times
+    assert compare(report(1.2, lopsided))["keep"]
+    assert not compare({"cases": report(1.2, lopsided)["cases"]})["keep"]  # no score: no valid comparison
+    assert not compare(None)["keep"]
+
+
+def evaluator(tmp_path: Path) -> Evaluator:
+    task = Task(root=Path(__file__).resolve().parents[2], policy_cmd=("-c", PASS), selfcheck_cmd=("-c", SELFCHECK),
+                residency_cmd=("-c", PASS), gates_module="")
+    return Evaluator(task, "smoke", False, tmp_path / "work")
+
+
+def solution(tmp_path: Path, name: str, versus_v0: float, versus_best: float) -> Path:
+    directory = tmp_path / name
+    directory.mkdir()
+    (directory / "solution.py").write_text("def build(qweight, scales, bias, epilogue):\n    pass\n")
+    speedups = [("balanced", versus_v0), ("expert-batch", versus_v0)]
+    (directory / "numbers.json").write_text(json.dumps({
+        "versus_v0": {"score": versus_v0, "speedups": speedups},
+        "versus_best": {"score": versus_best, "speedups": [(s, versus_best) for s, _ in speedups]}}))
+    return directory
+
+
+def test_a_surely_slower_candidate_is_not_timed_against_the_best(tmp_path: Path):
+    best = solution(tmp_path, "best", 1.5, 1.0)
+    slow = solution(tmp_path, "slow", 1.2, 0.8)  # 0.8x the best's 1.5 by the scores against v0: surely slower
+    verdict = evaluator(tmp_path).evaluate(slow, best, best_is_baseline=False, full_check=False, best_score=1.5)
+    assert [s["name"] for s in verdict["stages"]] == ["policy", "selfcheck"]
+    assert verdict["valid"] and not verdict["keep"] and abs(verdict["speedup_over_best"] - 0.8) < 1e-9
+    assert verdict["compare_note"].startswith("estimated")
+
+
+def test_a_close_candidate_is_timed_against_the_best_and_a_keeper_gets_residency_and_gates(tmp_path: Path):
+    best = solution(tmp_path, "best", 1.5, 1.0)
+    close = solution(tmp_path, "close", 1.5 * (1 - SURELY_SLOWER / 2), 1.1)  # within the margin: timed, and faster
+    verdict = evaluator(tmp_path).evaluate(close, best, best_is_baseline=False, full_check=False, best_score=1.5)
+    names = [s["name"] for s in verdict["stages"]]
+    assert names[:3] == ["policy", "selfcheck", "versus_best"] and set(names[3:]) == {"residency", "gates"}
+    assert verdict["keep"] and verdict["speedup_over_best"] == 1.1 and "compare_note" not in verdict
+    # without the best's score (a run that has not measured it) nothing is skipped
+    lost = solution(tmp_path, "lost", 0.5, 0.9)
+    verdict = evaluator(tmp_path).evaluate(lost, best, best_is_baseline=False, full_check=False, best_score=None)
+    assert [s["name"] for s in verdict["stages"]] == ["policy", "selfcheck", "versus_best"] and not verdict["keep"]
