@@ -12,7 +12,7 @@ SEED ?= 1
 PANEL ?= $(if $(shell nvidia-smi -L 2>/dev/null),visible,smoke)
 JSON ?=
 
-.PHONY: help setup test test-gpu selfcheck guard policy profile bench agent-run agent-status clean-workspace report promote verify gates sealed-panel
+.PHONY: help setup test test-gpu sweep selfcheck guard policy profile bench agent-run agent-status clean-workspace report promote verify gates sealed-panel
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -56,11 +56,14 @@ policy: ## the source policy on a solution's files: SOLUTION=methods/main
 profile: ## roofline and profiler summary per case: SOLUTION=methods/main PANEL=visible [JSON=]
 	$(PY) -m evals.profile --solution $(SOLUTION) --panel $(PANEL) $(if $(JSON),--json $(JSON))
 
+sweep: ## tuning overrides of a solution on the GPU, checked then timed in child processes: SOLUTION= GRID=grid.json [JSON=]
+	$(PY) -m evals.sweep --solution $(SOLUTION) --grid $(GRID) --panel $(PANEL) $(if $(JSON),--json $(JSON))
+
 bench: ## v0, main and the peers against the host and GPU floors (needs CUDA) [JSON=]
 	$(PY) -m evals.bench --panel $(PANEL) $(if $(JSON),--json $(JSON))
 
-agent-run: ## the optimization loop: ITER=20 [BACKEND=auto|offline|openai] [MODEL=] [PANEL=visible|smoke|FILE]
-	$(PY) -m agent run --iters $(ITER) $(if $(BACKEND),--backend $(BACKEND)) $(if $(MODEL),--model $(MODEL)) --panel $(PANEL)
+agent-run: ## the optimization loop: ITER=20 [BACKEND=auto|offline|openai] [MODEL=] [PANEL=visible|smoke|FILE] [FROM=main|vN] [TIME=MIN] [RESUME=RUN_ID]
+	$(PY) -m agent run --iters $(ITER) $(if $(RESUME),--resume $(RESUME),$(if $(BACKEND),--backend $(BACKEND)) $(if $(MODEL),--model $(MODEL)) --panel $(PANEL) $(if $(FROM),--from $(FROM)) $(if $(TIME),--time-limit $(TIME)))
 
 agent-status: ## runs, best kept versions, last ledger rows
 	$(PY) -m agent status
@@ -71,5 +74,5 @@ clean-workspace: ## remove the worktrees of finished runs (branches, versions an
 report: ## regenerate a run's report: RUN=<run-id>
 	$(PY) -m agent report $(RUN)
 
-promote: ## check vN again and copy it into methods/main: V=N [FORCE=1]
-	$(PY) -m agent promote v$(V) $(if $(FORCE),--force)
+promote: ## check vN again and copy it into methods/main: V=N [FORCE=1] [NOTE="why"]
+	$(PY) -m agent promote v$(V) $(if $(FORCE),--force) $(if $(NOTE),--note "$(NOTE)")

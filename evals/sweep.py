@@ -1,0 +1,157 @@
+"""Sweep a solution's tuning overrides over a panel on the GPU: correctness, eager latency, graph GPU time per plan.
+
+    python -m evals.sweep --solution methods/drafts/splitk --grid grid.json [--panel visible] [--jobs 12] [--json OUT]
+
+The grid is a JSON list of override dicts, each passed as ``build(..., config=overrides)`` on top of the plan the
+solution would choose itself (``{}`` is that plan). Candidate code runs only in child processes: first a pool of
+``--jobs`` processes builds and checks every (case, overrides) pair once on normal and adversarial inputs (this
+compiles every kernel into Triton's on-disk cache in parallel), then one process times the pairs that passed, one
+after another, so that nothing else runs on the GPU or the CPU meanwhile. Per pair: eager microseconds per call
+(median of 7 groups of 256 back-to-back calls after 256 untimed, the verifier's kind of number, shorter), and the
+GPU time of one call replayed from a CUDA graph with the L2 hot and with the L2 flushed (as ``evals.bench``).
+The table lists, per case, every plan by eager time with its speedup over the solution's own plan; the JSON holds
+every number. A sweep is an exploration aid: what it finds enters the ledger only as an attempt the loop measures.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import sys
+from pathlib import Path
+
+from evals import kernel_harness as kh
+
+
+def _check_pair(solution: str, case_obj: kh.Case, overrides: dict) -> dict:
+    """Child process: build, one call per input kind, compare with the oracle. Returns {"ok", "error"}."""
+    import torch
+
+    from evals.loader import load_solution
+
+    try:
+        module = load_solution(Path(solution))
+        device = kh.select_device().device
+        for mode in kh.MODES:
+            t = kh.generate(case_obj, mode, device)
+            fn = module.build(t.qweight, t.scales, t.bias, case_obj.epilogue, config=overrides)
+            out = fn(t.x, t.residual)
+            ref = kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, case_obj.epilogue)
+            result = kh.check_output(out, ref, (case_obj.m, case_obj.n))
+            if not result.ok:
+                return {"ok": False, "error": f"{mode}: {result}"}
+            del fn, t, out
+            torch.cuda.empty_cache()
+        return {"ok": True, "error": None}
+    except Exception as exc:  # the pair failed to build, compile or run: a row with its error
+        return {"ok": False, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"}
+
+
+def _time_pairs(solution: str, pairs: list[tuple[kh.Case, dict]]) -> list[dict]:
+    """Child process: time each (case, overrides) in turn."""
+    import torch
+
+    from evals import bench
+    from evals.loader import load_solution
+
+    module = load_solution(Path(solution))
+    device = kh.select_device().device
+    flush = torch.zeros(bench.FLUSH_BYTES, dtype=torch.uint8, device=device)
+    results, cached = [], {}
+    for case_obj, overrides in pairs:
+        if case_obj.name not in cached:
+            cached.clear()
+            torch.cuda.empty_cache()
+            weights = kh.generate(case_obj, "normal", device)
+            cached[case_obj.name] = (weights, kh.make_inputs(case_obj, 16, seed=5, device=device))
+        weights, inputs = cached[case_obj.name]
+        row = {"case": case_obj.name, "overrides": overrides}
+        try:
+            fn = module.build(weights.qweight, weights.scales, weights.bias, case_obj.epilogue, config=overrides)
+            row["eager_us"] = kh.median(kh.time_groups(fn, inputs, 7, 256, warmup=256))
+            row["graph_hot_us"] = bench.graph_us(fn, *inputs[0], None, replays=20)
+            row["graph_flushed_us"] = bench.graph_us(fn, *inputs[0], flush, replays=20)
+            ref = kh.reference(weights.x, weights.qweight, weights.scales, weights.bias, weights.residual,
+                               case_obj.epilogue)
+            # after thousands of calls: a plan that keeps state between calls must still be right
+            row["correct_after"] = kh.check_output(fn(weights.x, weights.residual), ref, (case_obj.m, case_obj.n)).ok
+            if hasattr(module, "plan"):
+                row["plan"] = {k: v for k, v in module.plan(case_obj.m, case_obj.k, case_obj.n, overrides).items()
+                               if isinstance(v, int)}
+            del fn
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        results.append(row)
+        print(json.dumps(row), flush=True)
+    return results
+
+
+def run(solution: str, grid: list[dict], panel: str, jobs: int, log=print) -> dict:
+    info = kh.select_device()
+    if info.device.type != "cuda":
+        raise RuntimeError("the sweep needs a CUDA GPU (" + info.message + ")")
+    cases = kh.load_panel(panel)
+    pairs = [(case, overrides) for case in cases for overrides in grid]
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter per worker: no CUDA state is forked
+    with context.Pool(jobs) as pool:
+        checks = pool.starmap(_check_pair, [(solution, case, overrides) for case, overrides in pairs])
+    failed = [{"case": case.name, "overrides": overrides, "error": check["error"]}
+              for (case, overrides), check in zip(pairs, checks) if not check["ok"]]
+    for row in failed:
+        log(f"failed: {row['case']} {json.dumps(row['overrides'])}: {row['error']}")
+    passed = [pair for pair, check in zip(pairs, checks) if check["ok"]]
+    with context.Pool(1) as pool:
+        timed = pool.apply(_time_pairs, (solution, passed))
+    return {"device": info.message, "solution": solution, "grid": grid, "failed": failed, "timed": timed}
+
+
+def table(result: dict) -> str:
+    lines = ["| case | overrides | eager us | x own plan | graph hot us | graph flushed us |",
+             "|---|---|---|---|---|---|"]
+    by_case: dict[str, list[dict]] = {}
+    for row in result["timed"]:
+        by_case.setdefault(row["case"], []).append(row)
+    for case, rows in by_case.items():
+        good = [r for r in rows if "eager_us" in r and r.get("correct_after")]
+        own = next((r["eager_us"] for r in good if not r["overrides"]), None)
+        for r in sorted(good, key=lambda r: r["eager_us"]):
+            ratio = f"{own / r['eager_us']:.2f}" if own else "-"
+            lines.append(f"| {case} | {json.dumps(r['overrides'])} | {r['eager_us']:.2f} | {ratio} | "
+                         f"{r['graph_hot_us']:.2f} | {r['graph_flushed_us']:.2f} |")
+        for r in rows:
+            if r not in good:
+                problem = r.get("error") or "wrong after timing"
+                lines.append(f"| {case} | {json.dumps(r['overrides'])} | {problem} | | | |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m evals.sweep", description=__doc__.splitlines()[0])
+    parser.add_argument("--solution", required=True, help="a solution directory (or its solution.py)")
+    parser.add_argument("--grid", required=True, help="JSON file: a list of override dicts ({} is the own plan)")
+    parser.add_argument("--panel", default="visible", help="visible, smoke or a panel file (default visible)")
+    parser.add_argument("--jobs", type=int, default=8, help="processes that build and check in parallel (default 8)")
+    parser.add_argument("--json", help="write every number here")
+    args = parser.parse_args(argv)
+    try:
+        grid = json.loads(Path(args.grid).read_text())
+    except (OSError, ValueError) as exc:
+        parser.error(f"--grid {args.grid}: {exc}")
+    if not isinstance(grid, list) or not all(isinstance(g, dict) for g in grid):
+        parser.error("--grid must hold a JSON list of objects (override dicts)")
+    from evals.loader import resolve_solution_dir
+
+    try:
+        solution = str(resolve_solution_dir(args.solution))
+        result = run(solution, grid, args.panel, max(1, args.jobs))
+    except (FileNotFoundError, RuntimeError, ValueError) as exc:
+        print(f"sweep: {exc}", file=sys.stderr)
+        return 2
+    print(table(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""The sweep (evals/sweep.py): its per-pair check on real kernels (interpreter on CPU), its table, and its usage errors.
+The timing half needs CUDA and runs on the GPU only (`make sweep`)."""
+import json
+import subprocess
+import sys
+
+import torch
+
+from evals import kernel_harness as kh
+from evals import sweep
+from tests.conftest import ROOT
+
+DRAFT = str(ROOT / "methods" / "drafts" / "splitk")
+
+
+def test_check_pair_runs_the_oracle_and_reports_a_bad_plan_as_a_row():
+    case = kh.load_panel("smoke")[0]
+    assert sweep._check_pair(DRAFT, case, {"SWAP_AB": 1, "LAYOUT": 2, "BLOCK_SIZE_N": 128}) == {"ok": True, "error": None}
+    bad = sweep._check_pair(DRAFT, case, {"SWAP_AB": 1, "LAYOUT": 7})
+    assert not bad["ok"] and "LAYOUT must be 0, 1 or 2" in bad["error"]
+
+
+def test_table_orders_plans_by_eager_time_against_the_own_plan():
+    rows = [{"case": "a", "overrides": {}, "eager_us": 10.0, "graph_hot_us": 6.0, "graph_flushed_us": 7.0, "correct_after": True},
+            {"case": "a", "overrides": {"X": 1}, "eager_us": 8.0, "graph_hot_us": 5.0, "graph_flushed_us": 6.0, "correct_after": True},
+            {"case": "a", "overrides": {"Y": 1}, "eager_us": 5.0, "graph_hot_us": 4.0, "graph_flushed_us": 5.0, "correct_after": False},
+            {"case": "a", "overrides": {"Z": 1}, "error": "OutOfResources: shared memory"}]
+    lines = sweep.table({"timed": rows}).splitlines()[2:]
+    assert lines[0].startswith('| a | {"X": 1} | 8.00 | 1.25 |') and lines[1].startswith("| a | {} | 10.00 | 1.00 |")
+    assert "wrong after timing" in lines[2] and "OutOfResources" in lines[3]  # never ranked, always listed
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "evals.sweep", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_cli_usage_errors(tmp_path):
+    bad = tmp_path / "grid.json"
+    bad.write_text('{"SWAP_AB": 1}')
+    run = run_cli("--solution", DRAFT, "--grid", str(bad))
+    assert run.returncode == 2 and "a JSON list of objects" in run.stderr
+    run = run_cli("--solution", DRAFT, "--grid", str(tmp_path / "missing.json"))
+    assert run.returncode == 2 and "missing.json" in run.stderr
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps([{}]))
+    run = run_cli("--solution", str(tmp_path), "--grid", str(good))
+    assert run.returncode == 2 and "no solution.py" in run.stderr
+    if not torch.cuda.is_available():
+        run = run_cli("--solution", DRAFT, "--grid", str(good))
+        assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
