@@ -29,6 +29,8 @@ SEARCH_SPACE: dict[str, list] = {
     "num_stages": [2, 3, 4, 5],
     "SPLIT_K": [1, 2, 4, 8, 16],  # from 0 (where a solution documents 0 as its own choice) the nearest is 1
     "MIN_PROGRAMS": [132, 264, 396, 528],
+    "SWAP_AB": [0, 1],
+    "LAYOUT": [0, 1, 2],
     "UNPACK": [0, 1],
     "MAGIC": [0, 1],
     "SCALE_AFTER_DOT": [0, 1],
@@ -213,6 +215,7 @@ REQUIRES: dict[str, tuple[str, Callable[[object], bool]]] = {
     "MIN_PROGRAMS": ("SPLIT_K", lambda v: v == 0),  # the solution's own split count (0) reads it
     "REDUCE_MODE": ("SPLIT_K", lambda v: v != 1), "REDUCE_BLOCK": ("SPLIT_K", lambda v: v != 1),
     "REDUCE_WARPS": ("SPLIT_K", lambda v: v != 1),
+    "LAYOUT": ("SWAP_AB", lambda v: v == 1), "UNPACK": ("SWAP_AB", lambda v: v == 0),  # each orientation's own
 }
 
 

@@ -201,15 +201,18 @@ def test_offline_search_leaves_out_knobs_that_decide_nothing():
     tables = find_tables((ROOT / "methods" / "drafts" / "splitk" / "solution.py").read_text())
     assert [t.name for t in tables] == ["config", "TIERS[0]", "TIERS[1]"]
     moves = {(m.table, m.knob) for m in single_moves(tables, None)}
-    assert ("TIERS[0]", "MIN_PROGRAMS") in moves  # the expert-batch tier chooses its split count (SPLIT_K 0)
-    assert ("TIERS[1]", "MIN_PROGRAMS") not in moves  # the balanced tier fixes SPLIT_K 1: the count is unused
-    assert ("config", "BLOCK_SIZE_N") not in moves and ("config", "num_stages") not in moves  # every tier sets them
-    assert ("config", "UNPACK") in moves  # the expert-batch tier takes the general value
-    assert ("config", "REDUCE_MODE") in moves  # it decides the split expert-batch tier (SPLIT_K 0), no other
+    # both tiers choose their split count (SPLIT_K 0), and with it the reduction
+    assert {("TIERS[0]", "MIN_PROGRAMS"), ("TIERS[1]", "MIN_PROGRAMS"), ("TIERS[0]", "REDUCE_MODE")} <= moves
+    for knob in ("BLOCK_SIZE_N", "num_stages", "SWAP_AB", "REDUCE_MODE"):
+        assert ("config", knob) not in moves  # every tier sets it
+    assert ("config", "UNPACK") in moves  # the expert-batch tier (x @ W) takes the general value
+    assert ("TIERS[1]", "LAYOUT") in moves and ("TIERS[0]", "LAYOUT") not in moves  # LAYOUT is swap-AB's alone
+    assert ("config", "LAYOUT") not in moves  # the only swap-AB tier sets it
     unsplit = (ROOT / "methods" / "drafts" / "splitk" / "solution.py").read_text().replace(
-        '"SPLIT_K": 0, "MIN_PROGRAMS": 264', '"SPLIT_K": 1, "MIN_PROGRAMS": 264')  # no tier splits K any more
-    assert unsplit.count('"SPLIT_K": 1,') == 2
-    assert ("config", "REDUCE_MODE") not in {(m.table, m.knob) for m in single_moves(find_tables(unsplit), None)}
+        '"SPLIT_K": 0, "MIN_PROGRAMS": 264, "SWAP_AB"', '"SPLIT_K": 1, "MIN_PROGRAMS": 264, "SWAP_AB"')
+    assert unsplit.count('"SPLIT_K": 1, "MIN_PROGRAMS": 264, "SWAP_AB"') == 2  # no tier splits K any more
+    moves = {(m.table, m.knob) for m in single_moves(find_tables(unsplit), None)}
+    assert not {("TIERS[0]", "REDUCE_MODE"), ("TIERS[0]", "MIN_PROGRAMS"), ("TIERS[1]", "MIN_PROGRAMS")} & moves
 
 
 def test_offline_search_never_combines_a_move_that_failed_on_its_own(tools):  # noqa: F811

@@ -17,7 +17,7 @@ from evals import kernel_harness as kh  # noqa: E402
 from evals.loader import load_solution  # noqa: E402
 
 POINTERS = {"x_ptr": "*fp16", "q_ptr": "*i32", "s_ptr": "*fp16", "b_ptr": "*fp16", "r_ptr": "*fp16", "out_ptr": "*fp16",
-            "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32"}
+            "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
 
 
 def main(solution: str) -> None:
@@ -26,7 +26,8 @@ def main(solution: str) -> None:
     for case in kh.load_panel("visible"):
         cfg = module.plan(case.m, case.k, case.n)
         for mode in ((0, 1) if cfg["SPLIT_K"] > 1 else (0,)):
-            constants = {"N": case.n, "K": case.k, "ACTIVATION": 0, "SPLIT_K": cfg["SPLIT_K"], "UNPACK": cfg["UNPACK"],
+            constants = {"ACTIVATION": 0, "SPLIT_K": cfg["SPLIT_K"], "SWAP_AB": cfg["SWAP_AB"],
+                         "LAYOUT": cfg["LAYOUT"] if cfg["SWAP_AB"] else 0, "UNPACK": cfg["UNPACK"],
                          "MAGIC": cfg["MAGIC"], "SCALE_AFTER_DOT": cfg["SCALE_AFTER_DOT"], "REDUCE_MODE": mode,
                          "BLOCK_SIZE_M": cfg["BLOCK_SIZE_M"], "BLOCK_SIZE_N": cfg["BLOCK_SIZE_N"],
                          "BLOCK_SIZE_K": cfg["BLOCK_SIZE_K"]}
@@ -35,8 +36,10 @@ def main(solution: str) -> None:
             if key in done:
                 continue
             done.add(key)
+            # the launches' own specialization: 16-byte aligned pointers, N and K divisible by 16
             source = ASTSource(fn=module.w4a16_main_kernel, constexprs=constants,
-                               signature=POINTERS | dict.fromkeys(constants, "constexpr"))
+                               signature=POINTERS | dict.fromkeys(constants, "constexpr"),
+                               attrs={(i,): [["tt.divisibility", 16]] for i, name in enumerate(POINTERS) if name != "M"})
             kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
             compiled.append({"case": case.name, "reduce_mode": mode, "shared": kernel.metadata.shared, **options})
     print(json.dumps(compiled))

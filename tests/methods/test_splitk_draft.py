@@ -1,5 +1,6 @@
-"""The split-K draft (methods/drafts/splitk): the oracle on the smoke panel and odd shapes, every tuning switch,
-forced and clamped split-K, fresh outputs, untouched inputs, odd layouts and clear errors; the interpreter on CPU."""
+"""The split-K draft (methods/drafts/splitk): the oracle on the smoke panel and odd shapes, every tuning switch (both
+orientations, the three word layouts), forced and clamped split-K, fresh outputs, untouched inputs, odd layouts and
+clear errors; the interpreter on CPU."""
 import ast
 import gc
 import json
@@ -57,13 +58,37 @@ def test_forced_split_k(m, k, n, ep, split_k, mode):
     _check(kh.Case("split", m, k, n, ep, 77), mode, {"SPLIT_K": split_k})
 
 
-@pytest.mark.parametrize("variant", [{"UNPACK": 1}, {"MAGIC": 0}, {"UNPACK": 1, "MAGIC": 0, "SPLIT_K": 2},
-                                     {"SCALE_AFTER_DOT": 0}, {"SCALE_AFTER_DOT": 0, "UNPACK": 1, "MAGIC": 0},
-                                     {"BLOCK_SIZE_N": 128, "SPLIT_K": 2}, {"BLOCK_SIZE_N": 256},
-                                     {"BLOCK_SIZE_M": 16}, {"REDUCE_BLOCK": 256, "SPLIT_K": 3}])
+SWAP = {"SWAP_AB": 1, "BLOCK_SIZE_N": 128}
+NOSWAP = {"SWAP_AB": 0, "BLOCK_SIZE_N": 64}
+
+
+@pytest.mark.parametrize("variant", [
+    SWAP | {"LAYOUT": 0}, SWAP | {"LAYOUT": 1, "SPLIT_K": 2}, SWAP | {"LAYOUT": 2, "SPLIT_K": 3},
+    SWAP | {"LAYOUT": 2, "BLOCK_SIZE_N": 256, "MAGIC": 0, "SCALE_AFTER_DOT": 0},
+    SWAP | {"LAYOUT": 1, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_M": 16, "SPLIT_K": 2, "REDUCE_MODE": 1},
+    NOSWAP | {"UNPACK": 1}, NOSWAP | {"MAGIC": 0}, NOSWAP | {"UNPACK": 1, "MAGIC": 0, "SPLIT_K": 2},
+    NOSWAP | {"SCALE_AFTER_DOT": 0}, NOSWAP | {"SCALE_AFTER_DOT": 0, "UNPACK": 1, "MAGIC": 0},
+    NOSWAP | {"BLOCK_SIZE_N": 128, "SPLIT_K": 2}, NOSWAP | {"BLOCK_SIZE_N": 256}, NOSWAP | {"BLOCK_SIZE_M": 16},
+    {"REDUCE_BLOCK": 256, "SPLIT_K": 3}])
 @pytest.mark.parametrize("mode", kh.MODES)
 def test_variants(variant, mode):
     _check(kh.Case("variant", 19, 640, 512, "gelu_tanh", 5), mode, variant)
+
+
+@pytest.mark.parametrize("layout", [1, 2])
+def test_repacked_words_hold_the_same_codes(layout):
+    """LAYOUT 1 and 2 are permutations of the caller's words: same bytes, each word where the kernel reads it."""
+    case = kh.Case("repack", 3, 512, 512, "silu", 6)
+    t = kh.generate(case, "normal", DEVICE)
+    words = S.repack(t.qweight, layout, 128)
+    assert words.dtype == torch.int32 and words.numel() == t.qweight.numel() and words.is_contiguous()
+    j, n = 9, 300  # word row 9 (group 0, word 9) of column 300 (tile 2, column 44)
+    expected = t.qweight[j, n]
+    got = words[n, j] if layout == 1 else words[n // 128, j // 16, n % 128, j % 16]
+    assert int(got) == int(expected)
+    assert S.repack(t.qweight, 0, 128) is t.qweight  # LAYOUT 0 keeps the caller's tensor, no copy
+    with pytest.raises(ValueError):
+        S.repack(t.qweight, 3, 128)
 
 
 def test_split_clamped_to_groups():
@@ -73,12 +98,14 @@ def test_split_clamped_to_groups():
 
 
 def test_plan_tiers_on_visible_shapes():
-    for m, k, n in [(18, 8192, 1024), (24, 16384, 1536), (20, 14336, 768), (32, 8192, 2048), (30, 12288, 2048)]:
+    expert = [(18, 8192, 1024), (24, 16384, 1536), (20, 14336, 768), (32, 8192, 2048), (30, 12288, 2048)]
+    balanced = [(18, 8192, 8192), (24, 8192, 28672), (32, 28672, 8192), (20, 14336, 4096), (28, 8192, 10240)]
+    for m, k, n in expert + balanced:
         cfg = S.plan(m, k, n)
-        assert cfg["M_TILES"] * cfg["N_TILES"] * cfg["SPLIT_K"] >= 264
-        assert 1 <= cfg["SPLIT_K"] <= k // 128
-    for m, k, n in [(18, 8192, 8192), (24, 8192, 28672), (32, 28672, 8192), (20, 14336, 4096), (28, 8192, 10240)]:
-        assert S.plan(m, k, n)["SPLIT_K"] == 1
+        # split K up to about two programs per SM (132 SMs), never past one group per split
+        assert cfg["M_TILES"] * cfg["N_TILES"] * cfg["SPLIT_K"] >= 264 or cfg["SPLIT_K"] == k // 128
+        assert cfg["M_TILES"] * cfg["N_TILES"] * (cfg["SPLIT_K"] - 1) < 264
+        assert cfg["SWAP_AB"] == ((m, k, n) in balanced)
     for m in (1, 5, 16, 17, 32, 33, 100):
         cfg = S.plan(m, 8192, 3072)
         assert cfg["BLOCK_SIZE_M"] == (16 if m <= 16 else 32)

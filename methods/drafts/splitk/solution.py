@@ -8,25 +8,34 @@ Contract (SPEC.md):
     x        fp16  (M, K);  residual fp16 (M, N);  out fp16 (M, N), a fresh tensor on every call
     W[k, n] = (code[k, n] - 8) * scales[k // 128, n];   out = act(x @ W + bias) + residual,  act in {silu, gelu_tanh}
 
-A hand-written draft (not yet an attempt in the ledger): submit it with `python -m agent submit methods/drafts/splitk
---from v1 --summary ...` on a GPU, then let the offline search tune its tables (`--from vN`).
+A hand-written draft. Its tables are ledger v40's, and its kernels compute what v40's do (H200, visible panel:
+selfcheck score 1.590, balanced 1.26, expert-batch 2.15). The verifier rejects v40: on two expert-batch cases the
+host-bound two-launch path varies by more than the 1.15 dispersion limit (max/min 1.62 and 1.54). Submit a change
+with `python -m agent submit methods/drafts/splitk --from vN --summary ...` on a GPU; sweep its knobs with
+`make sweep SOLUTION=methods/drafts/splitk GRID=grid.json` (evals/sweep.py).
 
 Design:
-- One K step is one 128-row quantization group. UNPACK 0 loads each packed int32 word once, as a
-  [BLOCK_K // 8, BLOCK_N] tile, and expands it to [BLOCK_K, BLOCK_N] codes by shifting a [BLOCK_K // 8, 8, BLOCK_N]
-  broadcast and reshaping (row 8j + i is nibble i of word j); UNPACK 1 loads the word of every row, as v0 does.
+- One K step is one 128-row quantization group. SWAP_AB 1 computes out^T = W^T x^T: the N tile is the MMA's M
+  dimension (a wgmma instruction on Hopper, with the dequantized tile as its register operand) and the M rows of x its
+  N dimension. The words come as a [BLOCK_N, 16] tile, from the caller's (K // 8, N) tensor (LAYOUT 0), a (N, K // 8)
+  copy (LAYOUT 1) or a copy in program order (LAYOUT 2: one contiguous block per program and K step), made at build.
+  SWAP_AB 0 computes x @ W with [BLOCK_K, BLOCK_N] weight tiles: UNPACK 0 loads each word once and expands it by a
+  broadcast shift and a reshape (row 8j + i is nibble i of word j); UNPACK 1 loads the word of every row, as v0 does.
   MAGIC 1 turns codes into fp16 through the 0x6400 exponent trick. SCALE_AFTER_DOT 1 feeds the integer-valued codes
   minus 8 (exact in fp16) to tl.dot and multiplies the fp32 partial by the group's scale; 0 scales the fp16 tile first.
 - Split-K, REDUCE_MODE 0 (no atomics): with SPLIT_K > 1 the main kernel writes fp32 partials to a per-call workspace
   (SPLIT_K, M, N) and a second kernel sums them and applies bias, activation and residual. With SPLIT_K == 1 the main
   kernel applies the epilogue itself (one launch). Split s covers groups [s*G // S, (s+1)*G // S).
-- Split-K, REDUCE_MODE 1 (one launch, not yet run on a GPU): each program adds its partial atomically into a kept fp32
-  (M, N) accumulator and counts itself in on a per-tile counter only after every add has returned; the program that
-  counts last applies the epilogue and leaves accumulator and counter at zero for the next call.
+- Split-K, REDUCE_MODE 1 (one launch): each program adds its partial atomically into a kept fp32 (M, N) accumulator,
+  passes a barrier and counts itself in on a per-tile counter (acquire-release); the program that counts last applies
+  the epilogue and leaves accumulator and counter at zero for the next call. It is correct under the interpreter but
+  NOT on the H200: ledger v39 is wrong on 28x8192x10240, and an earlier handshake was wrong in 14 of 60 swept plans.
+  The cause is not found; no tier uses it.
 - Host path: per M, the plan, the grid and a compiled-kernel launcher (CUDA, not interpreted) are built once; a call
   is a few checks, torch.empty for the output (and the workspace when split) and one or two launches.
-Nothing is retained at build besides references to the caller's tensors; REDUCE_MODE 1 keeps its accumulator and
-counters (4*M*N + 4*tiles bytes) for the latest M only.
+Build keeps references to the caller's tensors and, with SWAP_AB and LAYOUT 1 or 2, a repacked copy of the words
+(K*N/2 bytes, the contract's int4 allowance); REDUCE_MODE 1 keeps its accumulator and counters (4*M*N + 4*tiles bytes)
+for the latest M only.
 """
 import torch
 import triton
@@ -42,29 +51,33 @@ def get_config():
     # General configuration: used for every shape that no tier below claims. BLOCK_SIZE_K must equal GROUP_SIZE.
     # BLOCK_SIZE_M is the largest M tile; smaller M uses max(16, next power of two of M).
     # SPLIT_K 0 means automatic: the fewest splits giving at least MIN_PROGRAMS programs.
-    # UNPACK 0: load each word once and reshape; 1: load the word of every row (v0 style, relies on L1).
+    # SWAP_AB 1: compute out^T = W^T x^T, the N tile as the MMA's M dimension (wgmma on Hopper); 0: x @ W.
+    # LAYOUT (with SWAP_AB) 0: the caller's words; 1: a (N, K // 8) copy; 2: a copy in program order (build repacks).
+    # UNPACK (without SWAP_AB) 0: load each word once and reshape; 1: load the word of every row (v0 style).
     # MAGIC 1: int -> fp16 through the 0x6400 exponent trick; 0: plain conversion.
     # SCALE_AFTER_DOT 1: the group's scale multiplies the fp32 partial product; 0: it multiplies the fp16 weight tile
     # before the dot (as v0 does).
     # REDUCE_MODE (with SPLIT_K > 1) 0: partials to a per-call workspace and a second kernel for the sum and the
     # epilogue; 1: one launch, partials added atomically into a kept fp32 accumulator, the last program of a tile
-    # applies the epilogue (not yet run on a GPU).
-    return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 132,
-            "UNPACK": 0, "MAGIC": 1, "SCALE_AFTER_DOT": 1, "REDUCE_MODE": 0, "REDUCE_BLOCK": 1024, "REDUCE_WARPS": 4,
-            "num_warps": 4, "num_stages": 3}
+    # applies the epilogue.
+    return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 264,
+            "SWAP_AB": 1, "LAYOUT": 0, "UNPACK": 0, "MAGIC": 1, "SCALE_AFTER_DOT": 1, "REDUCE_MODE": 0,
+            "REDUCE_BLOCK": 1024, "REDUCE_WARPS": 4, "num_warps": 4, "num_stages": 3}
 
 
 # Per-shape overrides: the first tier whose N and K ranges hold the shape updates the general configuration.
+# From the H200 sweep of 30 plans on the visible panel (2026-11-30, `make sweep`), the fastest plans that do not use
+# the one-launch reduction (REDUCE_MODE 1 is wrong on the H200, see above). Eager us, the plan vs v0 in the verifier
+# (v40): 53.6 vs 57.5, 155 vs 175, 189 vs 202, 53.7 vs 103, 68.7 vs 91.9 (balanced); 35.4 vs 64.6, 31.7 vs 125,
+# 47.7 vs 68.1, 30.2 vs 109, 45.8 vs 94.0 (expert-batch: two launches, host-bound and noisy).
 TIERS = [
-    # expert-batch: N <= 2048, deep K. Few N tiles, so split K until about two programs per SM (132 SMs). On the
-    # H200 (2026-11-30, this tier as written) the visible expert-batch cases ran in 26-28 us against v0's 62-121 us.
+    # expert-batch: N <= 2048, deep K: few N tiles, so most programs come from split-K (x @ W tiles).
     {"N_MIN": 256, "N_MAX": 2048, "K_MIN": 128, "K_MAX": 1 << 40,
-     "BLOCK_SIZE_N": 64, "SPLIT_K": 0, "MIN_PROGRAMS": 264, "num_warps": 4, "num_stages": 3},
-    # balanced: N >= 4096. Narrow N tiles give 128..896 programs without split-K: one launch. The one-load reshape
-    # with the scale after the dot was 0.86-1.20x v0 here, slower than v0's per-row loads at BLOCK_SIZE_N 32 (ledger
-    # v1, 1.03-1.65x), so this tier starts from v1's kernel: per-row loads, plain conversion, scale before the dot.
+     "BLOCK_SIZE_N": 64, "SPLIT_K": 0, "MIN_PROGRAMS": 264, "SWAP_AB": 0, "LAYOUT": 0, "REDUCE_MODE": 0,
+     "num_warps": 4, "num_stages": 3},
+    # balanced: N >= 4096: swap-AB, 32..224 N tiles of 128 over program-order words; split-K up to MIN_PROGRAMS.
     {"N_MIN": 4096, "N_MAX": 1 << 40, "K_MIN": 128, "K_MAX": 1 << 40,
-     "BLOCK_SIZE_N": 32, "SPLIT_K": 1, "MIN_PROGRAMS": 132, "UNPACK": 1, "MAGIC": 0, "SCALE_AFTER_DOT": 0,
+     "BLOCK_SIZE_N": 128, "SPLIT_K": 0, "MIN_PROGRAMS": 264, "SWAP_AB": 1, "LAYOUT": 2, "REDUCE_MODE": 0,
      "num_warps": 4, "num_stages": 3},
 ]
 
@@ -114,14 +127,26 @@ def _act_residual(z, residual, ACTIVATION: tl.constexpr):
 
 
 @triton.jit
+def _weights_fp16(codes, MAGIC: tl.constexpr):
+    """Codes 0..15 -> the fp16 values code - 8 (exact)."""
+    if MAGIC:
+        # 0x6400 | c is the fp16 1024 + c (ulp 1 at 1024): exact; minus 1032 gives c - 8 exactly.
+        return (codes | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1032.0
+    else:
+        return (codes - 8).to(tl.float16)
+
+
+@triton.jit
 def w4a16_main_kernel(
-    x_ptr, q_ptr, s_ptr, b_ptr, r_ptr, out_ptr, ws_ptr, cnt_ptr, M,
-    N: tl.constexpr, K: tl.constexpr, ACTIVATION: tl.constexpr, SPLIT_K: tl.constexpr,
+    x_ptr, q_ptr, s_ptr, b_ptr, r_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K,
+    ACTIVATION: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, LAYOUT: tl.constexpr,
     UNPACK: tl.constexpr, MAGIC: tl.constexpr, SCALE_AFTER_DOT: tl.constexpr, REDUCE_MODE: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
 ):
-    GROUPS: tl.constexpr = K // BLOCK_SIZE_K
+    # M, N and K are runtime values (one compiled kernel serves every shape of a plan); Triton specializes them on
+    # divisibility by 16, which K % 128 == 0 and N % 256 == 0 always give.
     WORDS: tl.constexpr = BLOCK_SIZE_K // 8
+    groups = K // BLOCK_SIZE_K
     # M tiles vary fastest, so programs that share a weight tile run side by side.
     m_tiles = tl.cdiv(M, BLOCK_SIZE_M)
     pid = tl.program_id(0)
@@ -129,84 +154,115 @@ def w4a16_main_kernel(
     pid_n = pid // m_tiles
     if SPLIT_K == 1:
         g_start = 0
-        g_end = GROUPS
+        g_end = groups
     else:
         pid_k = tl.program_id(1)
-        g_start = (pid_k * GROUPS) // SPLIT_K
-        g_end = ((pid_k + 1) * GROUPS) // SPLIT_K
+        g_start = (pid_k * groups) // SPLIT_K
+        g_end = ((pid_k + 1) * groups) // SPLIT_K
 
     offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     mask_m = offs_m < M
     rows = offs_m.to(tl.int64)
     offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
     offs_k = tl.arange(0, BLOCK_SIZE_K)
-
-    x_ptrs = x_ptr + rows[:, None] * K + (g_start * BLOCK_SIZE_K + offs_k)[None, :]
-    if UNPACK == 0:
-        offs_w = tl.arange(0, WORDS)
-        q_ptrs = q_ptr + (g_start * WORDS + offs_w)[:, None] * N + offs_n[None, :]
-        shifts = tl.arange(0, 8) * 4
-    else:
-        q_ptrs = q_ptr + (g_start * WORDS + offs_k // 8)[:, None] * N + offs_n[None, :]
-        shifts = (offs_k % 8) * 4
+    offs_w = tl.arange(0, WORDS)
     s_ptrs = s_ptr + g_start * N + offs_n
 
-    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    for _ in range(g_start, g_end):
-        x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
-        words = tl.load(q_ptrs)
+    if SWAP_AB:
+        # out^T = W^T x^T: the N tile is the MMA's M dimension (64-row wgmma instructions on Hopper) and the few
+        # rows of x its N dimension. Words are loaded as [BLOCK_SIZE_N, WORDS]: LAYOUT 0 reads the caller's
+        # (K // 8, N) words, LAYOUT 1 a (N, K // 8) copy made at build (each column's words K-contiguous), LAYOUT 2 a
+        # copy in program order (N // BLOCK_SIZE_N, K // 128, BLOCK_SIZE_N, 16): one contiguous block per step.
+        xt_ptrs = x_ptr + rows[None, :] * K + (g_start * BLOCK_SIZE_K + offs_k)[:, None]
+        if LAYOUT == 0:
+            q_ptrs = q_ptr + (g_start * WORDS + offs_w)[None, :] * N + offs_n[:, None]
+            q_step = WORDS * N
+        elif LAYOUT == 1:
+            row_words = tl.multiple_of(K // 8, 16)  # K % 128 == 0: 16-byte rows, so 16-byte loads
+            q_ptrs = q_ptr + offs_n.to(tl.int64)[:, None] * row_words + (g_start * WORDS + offs_w)[None, :]
+            q_step = WORDS
+        else:
+            tile = (pid_n.to(tl.int64) * groups + g_start) * (BLOCK_SIZE_N * WORDS)
+            q_ptrs = q_ptr + tile + tl.arange(0, BLOCK_SIZE_N)[:, None] * WORDS + offs_w[None, :]
+            q_step = BLOCK_SIZE_N * WORDS
+        shifts = tl.arange(0, 8) * 4
+        acc = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_M), dtype=tl.float32)
+        for _ in range(g_start, g_end):
+            xt = tl.load(xt_ptrs, mask=mask_m[None, :], other=0.0)
+            words = tl.load(q_ptrs)
+            codes = (words[:, :, None] >> shifts[None, None, :]) & 0xF
+            codes = tl.reshape(codes, (BLOCK_SIZE_N, BLOCK_SIZE_K))  # column 8j + i is nibble i of word j
+            w = _weights_fp16(codes, MAGIC)
+            scale = tl.load(s_ptrs)
+            if SCALE_AFTER_DOT:
+                acc += tl.dot(w, xt) * scale.to(tl.float32)[:, None]
+            else:
+                acc = tl.dot(w * scale[:, None], xt, acc)
+            xt_ptrs += BLOCK_SIZE_K
+            q_ptrs += q_step
+            s_ptrs += N
+        # the output's element (m, n) is acc[n, m]
+        io = rows[None, :] * N + offs_n[:, None]
+        mask = mask_m[None, :]
+        bias = tl.load(b_ptr + offs_n).to(tl.float32)[:, None]
+    else:
+        x_ptrs = x_ptr + rows[:, None] * K + (g_start * BLOCK_SIZE_K + offs_k)[None, :]
         if UNPACK == 0:
-            codes = (words[:, None, :] >> shifts[None, :, None]) & 0xF
-            codes = tl.reshape(codes, (BLOCK_SIZE_K, BLOCK_SIZE_N))
+            q_ptrs = q_ptr + (g_start * WORDS + offs_w)[:, None] * N + offs_n[None, :]
+            shifts = tl.arange(0, 8) * 4
         else:
-            codes = (words >> shifts[:, None]) & 0xF
-        if MAGIC:
-            # 0x6400 | c is the fp16 1024 + c (ulp 1 at 1024): exact; minus 1032 gives c - 8 exactly.
-            w = (codes | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1032.0
-        else:
-            w = (codes - 8).to(tl.float16)
-        scale = tl.load(s_ptrs)
-        if SCALE_AFTER_DOT:
-            part = tl.dot(x, w)  # exact products of integer-valued weights, fp32 accumulation
-            acc += part * scale.to(tl.float32)[None, :]
-        else:  # v0's order: a scaled fp16 weight tile (exact for the task's 7-bit scales), one fused dot
-            acc = tl.dot(x, w * scale[None, :], acc)
-        x_ptrs += BLOCK_SIZE_K
-        q_ptrs += WORDS * N
-        s_ptrs += N
+            q_ptrs = q_ptr + (g_start * WORDS + offs_k // 8)[:, None] * N + offs_n[None, :]
+            shifts = (offs_k % 8) * 4
+        acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+        for _ in range(g_start, g_end):
+            x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
+            words = tl.load(q_ptrs)
+            if UNPACK == 0:
+                codes = (words[:, None, :] >> shifts[None, :, None]) & 0xF
+                codes = tl.reshape(codes, (BLOCK_SIZE_K, BLOCK_SIZE_N))
+            else:
+                codes = (words >> shifts[:, None]) & 0xF
+            w = _weights_fp16(codes, MAGIC)
+            scale = tl.load(s_ptrs)
+            if SCALE_AFTER_DOT:
+                part = tl.dot(x, w)  # exact products of integer-valued weights, fp32 accumulation
+                acc += part * scale.to(tl.float32)[None, :]
+            else:  # v0's order: a scaled fp16 weight tile (exact for the task's 7-bit scales), one fused dot
+                acc = tl.dot(x, w * scale[None, :], acc)
+            x_ptrs += BLOCK_SIZE_K
+            q_ptrs += WORDS * N
+            s_ptrs += N
+        io = rows[:, None] * N + offs_n[None, :]
+        mask = mask_m[:, None]
+        bias = tl.load(b_ptr + offs_n).to(tl.float32)[None, :]
 
     if SPLIT_K == 1:
-        acc += tl.load(b_ptr + offs_n).to(tl.float32)[None, :]
-        io = rows[:, None] * N + offs_n[None, :]
-        residual = tl.load(r_ptr + io, mask=mask_m[:, None], other=0.0)
-        y = _act_residual(acc, residual, ACTIVATION)
-        tl.store(out_ptr + io, y.to(tl.float16), mask=mask_m[:, None])
+        residual = tl.load(r_ptr + io, mask=mask, other=0.0)
+        y = _act_residual(acc + bias, residual, ACTIVATION)
+        tl.store(out_ptr + io, y.to(tl.float16), mask=mask)
     elif REDUCE_MODE == 0:
-        ws = ws_ptr + (pid_k.to(tl.int64) * M + rows[:, None]) * N + offs_n[None, :]
-        tl.store(ws, acc, mask=mask_m[:, None])
+        tl.store(ws_ptr + pid_k.to(tl.int64) * M * N + io, acc, mask=mask)
     else:
         # One launch: add the partial into the kept fp32 accumulator (zero between calls); the program whose count
-        # comes last applies the epilogue, then zeroes the tile and its counter for the next call.
-        io = rows[:, None] * N + offs_n[None, :]
-        old = tl.atomic_add(ws_ptr + io, acc, mask=mask_m[:, None], sem="relaxed")
-        # The counter's increment depends on every value the adds returned, so no add of this program is still in
-        # flight when the counter moves (a data dependency, not a fence; valid sums stay far below 3e38).
-        seen = tl.max(tl.max(tl.where(mask_m[:, None], tl.abs(old), 0.0), axis=1), axis=0)
-        count = tl.atomic_add(cnt_ptr + pid, 1 + (seen > 3.0e38).to(tl.int32), sem="acq_rel")
+        # comes last applies the epilogue, then zeroes the tile and its counter for the next call. Every thread's
+        # adds come before the barrier, the barrier before the counter's release (cumulative at GPU scope), and
+        # the last program's acquire before its reads: the split-K serial pattern of CUTLASS's semaphore.
+        tl.atomic_add(ws_ptr + io, acc, mask=mask, sem="relaxed")
+        tl.debug_barrier()
+        count = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel")
         if count == SPLIT_K - 1:
-            z = tl.load(ws_ptr + io, mask=mask_m[:, None], other=0.0, volatile=True)
-            z += tl.load(b_ptr + offs_n).to(tl.float32)[None, :]
-            residual = tl.load(r_ptr + io, mask=mask_m[:, None], other=0.0)
-            y = _act_residual(z, residual, ACTIVATION)
-            tl.store(out_ptr + io, y.to(tl.float16), mask=mask_m[:, None])
-            tl.store(ws_ptr + io, tl.zeros_like(z), mask=mask_m[:, None])
+            z = tl.load(ws_ptr + io, mask=mask, other=0.0, volatile=True)
+            residual = tl.load(r_ptr + io, mask=mask, other=0.0)
+            y = _act_residual(z + bias, residual, ACTIVATION)
+            tl.store(out_ptr + io, y.to(tl.float16), mask=mask)
+            tl.store(ws_ptr + io, tl.zeros_like(z), mask=mask)
             tl.store(cnt_ptr + pid, 0)
 
 
 @triton.jit
 def w4a16_reduce_kernel(
-    ws_ptr, b_ptr, r_ptr, out_ptr, TOTAL,
-    N: tl.constexpr, ACTIVATION: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
+    ws_ptr, b_ptr, r_ptr, out_ptr, TOTAL, N,
+    ACTIVATION: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr,
 ):
     # The (M, N) output flattened: TOTAL = M * N elements; the workspace is SPLIT_K such planes.
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -223,6 +279,18 @@ def w4a16_reduce_kernel(
 
 
 # ------------------------------------------------------------------------------------------------ host
+def repack(qweight, layout, block_n):
+    """The int32 words in the order LAYOUT reads them (same bytes as the caller's tensor; 0 keeps the caller's)."""
+    if layout == 0:
+        return qweight
+    words_k, n = qweight.shape
+    if layout == 1:  # (N, K // 8): each column's words contiguous along K
+        return qweight.t().contiguous()
+    if layout == 2:  # (N // block_n, K // 128, block_n, 16): one contiguous block per program and K step
+        return qweight.view(words_k // 16, 16, n // block_n, block_n).permute(2, 0, 3, 1).contiguous()
+    raise ValueError(f"LAYOUT must be 0, 1 or 2; got {layout!r}")
+
+
 def _check_weights(qweight, scales, bias, epilogue):
     if epilogue not in ACTIVATIONS:
         raise ValueError(f"epilogue must be one of {sorted(ACTIVATIONS)}; got {epilogue!r}")
@@ -249,8 +317,12 @@ def build(qweight, scales, bias, epilogue, config=None):
     K, N = _check_weights(qweight, scales, bias, epilogue)
     activation = ACTIVATIONS[epilogue]
     device = qweight.device
-    compiled_path = device.type == "cuda" and isinstance(w4a16_main_kernel, JITFunction)
     overrides = dict(config) if config else None
+    # the weight layout depends on (K, N) only, never on M: repack once, here
+    shape_plan = plan(GROUP_SIZE, K, N, overrides)
+    layout = shape_plan["LAYOUT"] if shape_plan["SWAP_AB"] else 0
+    words = repack(qweight, layout, shape_plan["BLOCK_SIZE_N"])
+    compiled_path = device.type == "cuda" and isinstance(w4a16_main_kernel, JITFunction)
     launches = {}  # M -> call(x, residual) -> out
     keeping = set()  # the M whose launch keeps an accumulator (REDUCE_MODE 1): one at a time, within the contract
 
@@ -259,8 +331,8 @@ def build(qweight, scales, bias, epilogue, config=None):
         split_k = cfg["SPLIT_K"]
         grid = (cfg["M_TILES"] * cfg["N_TILES"], split_k, 1)
         one_launch = split_k > 1 and cfg["REDUCE_MODE"] == 1
-        main_tail = (M, N, K, activation, split_k, cfg["UNPACK"], cfg["MAGIC"], cfg["SCALE_AFTER_DOT"],
-                     cfg["REDUCE_MODE"], cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], GROUP_SIZE)
+        main_tail = (M, N, K, activation, split_k, cfg["SWAP_AB"], layout, cfg["UNPACK"], cfg["MAGIC"],
+                     cfg["SCALE_AFTER_DOT"], cfg["REDUCE_MODE"], cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], GROUP_SIZE)
         main_opts = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
         total = M * N
         reduce_block = cfg["REDUCE_BLOCK"]
@@ -285,13 +357,13 @@ def build(qweight, scales, bias, epilogue, config=None):
             def call(x, residual):
                 out = torch.empty(out_shape, dtype=f16, device=x.device)
                 if split_k == 1:
-                    w4a16_main_kernel[grid](x, qweight, scales, bias, residual, out, out, out, *main_tail, **main_opts)
+                    w4a16_main_kernel[grid](x, words, scales, bias, residual, out, out, out, *main_tail, **main_opts)
                 elif one_launch:
-                    w4a16_main_kernel[grid](x, qweight, scales, bias, residual, out, accumulator, counters, *main_tail,
+                    w4a16_main_kernel[grid](x, words, scales, bias, residual, out, accumulator, counters, *main_tail,
                                             **main_opts)
                 else:
                     ws = torch.empty(ws_shape, dtype=f32, device=x.device)
-                    w4a16_main_kernel[grid](x, qweight, scales, bias, residual, out, ws, out, *main_tail, **main_opts)
+                    w4a16_main_kernel[grid](x, words, scales, bias, residual, out, ws, out, *main_tail, **main_opts)
                     w4a16_reduce_kernel[reduce_grid](ws, bias, residual, out, *reduce_tail, **reduce_opts)
                 return out
             return call
@@ -306,7 +378,7 @@ def build(qweight, scales, bias, epilogue, config=None):
         else:
             ws, cnt = (torch.empty(ws_shape, dtype=f32, device=device) if split_k > 1 else out), out
         # warmup compiles without launching: the accumulator and the counters stay at zero
-        main = w4a16_main_kernel.warmup(x, qweight, scales, bias, residual, out, ws, cnt, *main_tail, grid=grid,
+        main = w4a16_main_kernel.warmup(x, words, scales, bias, residual, out, ws, cnt, *main_tail, grid=grid,
                                         **main_opts)
         if hasattr(main, "result"):
             main = main.result()
@@ -314,13 +386,13 @@ def build(qweight, scales, bias, epilogue, config=None):
         if split_k == 1:
             def call(x, residual):
                 out = torch.empty(out_shape, dtype=f16, device=device)
-                run_main(x, qweight, scales, bias, residual, out, out, out, *main_tail)
+                run_main(x, words, scales, bias, residual, out, out, out, *main_tail)
                 return out
             return call
         if one_launch:
             def call(x, residual):
                 out = torch.empty(out_shape, dtype=f16, device=device)
-                run_main(x, qweight, scales, bias, residual, out, accumulator, counters, *main_tail)
+                run_main(x, words, scales, bias, residual, out, accumulator, counters, *main_tail)
                 return out
             return call
 
@@ -332,7 +404,7 @@ def build(qweight, scales, bias, epilogue, config=None):
         def call(x, residual):
             out = torch.empty(out_shape, dtype=f16, device=device)
             ws = torch.empty(ws_shape, dtype=f32, device=device)
-            run_main(x, qweight, scales, bias, residual, out, ws, out, *main_tail)
+            run_main(x, words, scales, bias, residual, out, ws, out, *main_tail)
             run_reduce(ws, bias, residual, out, *reduce_tail)
             return out
         return call
