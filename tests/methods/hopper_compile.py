@@ -41,7 +41,12 @@ def main(solution: str) -> None:
                                signature=POINTERS | dict.fromkeys(constants, "constexpr"),
                                attrs={(i,): [["tt.divisibility", 16]] for i, name in enumerate(POINTERS) if name != "M"})
             kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
-            compiled.append({"case": case.name, "reduce_mode": mode, "shared": kernel.metadata.shared, **options})
+            ptx = kernel.asm["ptx"]
+            # one launch (REDUCE_MODE 1): the last program reads the sums, then zeroes them, maybe in another thread
+            # layout; a barrier must lie between the last read and the zeroing stores that end the kernel
+            reads_then_barrier = ptx.rfind("bar.sync") > ptx.rfind("ld.volatile.global") if mode == 1 else None
+            compiled.append({"case": case.name, "reduce_mode": mode, "shared": kernel.metadata.shared,
+                             "barrier_after_reads": reads_then_barrier, **options})
     print(json.dumps(compiled))
 
 

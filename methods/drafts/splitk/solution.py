@@ -28,9 +28,10 @@ Design:
   kernel applies the epilogue itself (one launch). Split s covers groups [s*G // S, (s+1)*G // S).
 - Split-K, REDUCE_MODE 1 (one launch): each program adds its partial atomically into a kept fp32 (M, N) accumulator,
   passes a barrier and counts itself in on a per-tile counter (acquire-release); the program that counts last applies
-  the epilogue and leaves accumulator and counter at zero for the next call. It is correct under the interpreter but
-  NOT on the H200: ledger v39 is wrong on 28x8192x10240, and an earlier handshake was wrong in 14 of 60 swept plans.
-  The cause is not found; no tier uses it.
+  the epilogue and leaves accumulator and counter at zero for the next call. Ledger v39 (and 14 of 60 swept plans)
+  gave wrong sums on the H200: the compiled kernel zeroed the accumulator in a thread layout other than the one it
+  read it in, with no barrier between (seen in the sm90 PTX; the interpreter runs one thread). A barrier now
+  separates them; that fix has not yet run on a GPU, so no tier uses REDUCE_MODE 1.
 - Host path: per M, the plan, the grid and a compiled-kernel launcher (CUDA, not interpreted) are built once; a call
   is a few checks, torch.empty for the output (and the workspace when split) and one or two launches.
 Build keeps references to the caller's tensors and, with SWAP_AB and LAYOUT 1 or 2, a repacked copy of the words
@@ -255,6 +256,9 @@ def w4a16_main_kernel(
             residual = tl.load(r_ptr + io, mask=mask, other=0.0)
             y = _act_residual(z + bias, residual, ACTIVATION)
             tl.store(out_ptr + io, y.to(tl.float16), mask=mask)
+            # The compiler may give the reads above and the zeroing below different thread layouts: without this
+            # barrier one thread can zero sums another has not read yet (ledger v39's wrong elements on the H200).
+            tl.debug_barrier()
             tl.store(ws_ptr + io, tl.zeros_like(z), mask=mask)
             tl.store(cnt_ptr + pid, 0)
 
