@@ -21,12 +21,15 @@ def test_check_pair_runs_the_oracle_and_reports_a_bad_plan_as_a_row():
 
 
 def test_table_orders_plans_by_eager_time_against_the_own_plan():
-    rows = [{"case": "a", "overrides": {}, "eager_us": 10.0, "graph_hot_us": 6.0, "graph_flushed_us": 7.0, "correct_after": True},
-            {"case": "a", "overrides": {"X": 1}, "eager_us": 8.0, "graph_hot_us": 5.0, "graph_flushed_us": 6.0, "correct_after": True},
-            {"case": "a", "overrides": {"Y": 1}, "eager_us": 5.0, "graph_hot_us": 4.0, "graph_flushed_us": 5.0, "correct_after": False},
+    def row(overrides, eager, **extra):
+        return {"case": "a", "overrides": overrides, "eager_us": eager, "graph_hot_us": eager / 2,
+                "graph_flushed_us": eager / 2 + 1, "correct_after": True, **extra}
+
+    rows = [row({}, 10.0, spread=1.31), row({"X": 1}, 8.0), row({"Y": 1}, 5.0, correct_after=False),
             {"case": "a", "overrides": {"Z": 1}, "error": "OutOfResources: shared memory"}]
     lines = sweep.table({"timed": rows}).splitlines()[2:]
-    assert lines[0].startswith('| a | {"X": 1} | 8.00 | 1.25 |') and lines[1].startswith("| a | {} | 10.00 | 1.00 |")
+    assert lines[0].startswith('| a | {"X": 1} | 8.00 | 1.25 | - |')
+    assert lines[1].startswith("| a | {} | 10.00 | 1.00 | 1.310 |")  # the spread the verifier's dispersion gate reads
     assert "wrong after timing" in lines[2] and "OutOfResources" in lines[3]  # never ranked, always listed
 
 
