@@ -34,7 +34,7 @@ def report(score: float, speedups: list[tuple[str, float]]) -> dict:
 def test_compare_keeps_by_the_task_score_not_by_a_geomean_over_cases():
     # expert-batch doubled on three cases, balanced lost a third on two: the geomean over cases is 1.31, but the
     # score (harmonic mean of the stratum geomeans 0.67 and 2.0) is 1.0: no gain, no keep
-    lopsided = [("balanced", 0.67), ("balanced", 0.67), ("expert-batch", 2.0), ("expert-batch", 2.0), ("expert-batch", 2.0)]
+    lopsided = [("balanced", 0.67)] * 2 + [("expert-batch", 2.0)] * 3
     verdict = compare(report(1.0038, lopsided))
     assert not verdict["keep"] and verdict["speedup_over_best"] == 1.0038
     assert abs(verdict["noise"] - 0.005) < 1e-9  # the median spread of the candidate's group times

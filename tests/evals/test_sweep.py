@@ -15,7 +15,8 @@ DRAFT = str(ROOT / "methods" / "drafts" / "splitk")
 
 def test_check_pair_runs_the_oracle_and_reports_a_bad_plan_as_a_row():
     case = kh.load_panel("smoke")[0]
-    assert sweep._check_pair(DRAFT, case, {"SWAP_AB": 1, "LAYOUT": 2, "BLOCK_SIZE_N": 128}) == {"ok": True, "error": None}
+    good = sweep._check_pair(DRAFT, case, {"SWAP_AB": 1, "LAYOUT": 2, "BLOCK_SIZE_N": 128})
+    assert good == {"ok": True, "error": None}
     bad = sweep._check_pair(DRAFT, case, {"SWAP_AB": 1, "LAYOUT": 7})
     assert not bad["ok"] and "LAYOUT must be 0, 1 or 2" in bad["error"]
 
@@ -34,7 +35,8 @@ def test_table_orders_plans_by_eager_time_against_the_own_plan():
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "evals.sweep", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "evals.sweep", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
 
 
 def test_cli_usage_errors(tmp_path):
