@@ -192,14 +192,13 @@ def judge(solution: Path, panel: str, baseline: Path, gates_only: bool, schedule
     log(HEADER)
     judged = []
     with tempfile.TemporaryDirectory(prefix="kloop-verifier-") as scratch:
-        untimed = {}
+        untimed = []  # by position: two cases of a panel may share a name (same shape, other seeds)
         if gates_only:
             with ThreadPoolExecutor(max(1, jobs)) as pool:
-                records = pool.map(lambda c: run_role_process(solution, c, schedule, False, Path(scratch)), cases)
-                untimed = dict(zip((c.name for c in cases), records))
-        for case in cases:
+                untimed = list(pool.map(lambda c: run_role_process(solution, c, schedule, False, Path(scratch)), cases))
+        for position, case in enumerate(cases):
             if gates_only:
-                roles = {"candidate": untimed[case.name]}
+                roles = {"candidate": untimed[position]}
             elif policy["status"] != "pass":  # invalid whatever it does: timing it would spend three roles for nothing
                 roles = {"candidate": not_run_record(case, solution, "not run: the source policy rejected the solution, "
                                                      "so it is not timed (--gates-only still runs it for evidence)")}
