@@ -11,6 +11,7 @@ SEED ?= 1
 # the visible panel's shapes take hours under the CPU interpreter: without a GPU the default is the smoke panel
 PANEL ?= $(if $(shell nvidia-smi -L 2>/dev/null),visible,smoke)
 JSON ?=
+GRID ?= evals/sweep_grid.json
 
 .PHONY: help setup test test-gpu sweep selfcheck guard policy profile bench agent-run agent-status clean-workspace report promote verify gates sealed-panel
 
@@ -56,7 +57,7 @@ policy: ## the source policy on a solution's files: SOLUTION=methods/main
 profile: ## roofline and profiler summary per case: SOLUTION=methods/main PANEL=visible [JSON=]
 	$(PY) -m evals.profile --solution $(SOLUTION) --panel $(PANEL) $(if $(JSON),--json $(JSON))
 
-sweep: ## tuning overrides of a solution on the GPU, checked then timed in child processes: SOLUTION= GRID=grid.json [JSON=]
+sweep: ## tuning overrides of a solution on the GPU, checked then timed in child processes: SOLUTION= [GRID=evals/sweep_grid.json] [JSON=]
 	$(PY) -m evals.sweep --solution $(SOLUTION) --grid $(GRID) --panel $(PANEL) $(if $(JSON),--json $(JSON))
 
 bench: ## v0, main and the peers against the host and GPU floors (needs CUDA) [JSON=]

@@ -8,6 +8,7 @@ import torch
 
 from evals import kernel_harness as kh
 from evals import sweep
+from evals.loader import load_solution
 from tests.conftest import ROOT
 
 DRAFT = str(ROOT / "methods" / "drafts" / "splitk")
@@ -53,3 +54,13 @@ def test_cli_usage_errors(tmp_path):
     if not torch.cuda.is_available():
         run = run_cli("--solution", DRAFT, "--grid", str(good))
         assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
+
+
+def test_the_shipped_grid_names_only_knobs_the_draft_plans_with():
+    grid = json.loads((ROOT / "evals" / "sweep_grid.json").read_text())
+    module = load_solution(DRAFT)
+    knobs = set(module.get_config())
+    assert grid[0] == {} and len(grid) == 30  # the draft's own plan first: the table's "x own plan" column
+    for overrides in grid:
+        assert set(overrides) <= knobs, set(overrides) - knobs
+        module.plan(24, 8192, 4096, overrides)  # a plan the draft accepts (BLOCK_SIZE_K stays the group)

@@ -12,7 +12,7 @@ A hand-written draft. Its tables are ledger v40's, and its kernels compute what 
 selfcheck score 1.590, balanced 1.26, expert-batch 2.15). The verifier rejects v40: on two expert-batch cases the
 host-bound two-launch path varies by more than the 1.15 dispersion limit (max/min 1.62 and 1.54). Submit a change
 with `python -m agent submit methods/drafts/splitk --from vN --summary ...` on a GPU; sweep its knobs with
-`make sweep SOLUTION=methods/drafts/splitk GRID=grid.json` (evals/sweep.py).
+`make sweep SOLUTION=methods/drafts/splitk` (evals/sweep.py; the plans in evals/sweep_grid.json).
 
 Design:
 - One K step is one 128-row quantization group. SWAP_AB 1 computes out^T = W^T x^T: the N tile is the MMA's M
