@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from evals import kernel_harness as kh
 from evals.loader import load_solution, resolve_solution_dir
-from evals.selfcheck import error_record
+from evals.selfcheck import error_line
 
 FIXED_KERNEL_US = 4.0
 FLUSH_BYTES = 256 << 20  # four times the L2
@@ -171,7 +171,7 @@ def bench_impl(name: str, note: str, build, case: kh.Case, weights, inputs, copy
         row.graph_flushed_us = graph_us(fn, *inputs[0], flush)
         row.flushed_copy_fraction = case.bytes_moved() / row.graph_flushed_us / 1e3 / copy_gbps
     except Exception as exc:  # a peer that does not run on this torch is a row with its error, not a failed bench
-        row.error = f"{error_record('bench', exc)['name']}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+        row.error = error_line(exc, 160)
     return row
 
 

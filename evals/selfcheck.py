@@ -58,6 +58,12 @@ def error_record(stage: str, exc: BaseException) -> dict:
             "traceback": "".join(traceback.format_exception(exc))[-4000:]}
 
 
+def error_line(exc: BaseException, limit: int = 200) -> str:
+    """``Name: first line of the message`` (clipped): an error in one table cell."""
+    lines = str(exc).splitlines()
+    return f"{type(exc).__name__}: {lines[0][:limit] if lines else ''}"
+
+
 def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
@@ -79,9 +85,12 @@ def summarize(results: list[CaseResult]) -> dict:
     return {"strata": per_stratum, "score": score if correct else None, "all_correct": correct}
 
 
-def _check_mode(module, case, mode: str, device) -> tuple[dict, object]:
+def check_mode(module, case, mode: str, device, config: dict | None = None) -> tuple[dict, object]:
+    """Build on ``mode`` inputs (with ``config`` overrides, for solutions that take them), one call, the oracle's
+    verdict; the callable comes back for normal inputs."""
     tensors = kh.generate(case, mode, device)
-    fn = module.build(tensors.qweight, tensors.scales, tensors.bias, case.epilogue)
+    extra = {"config": config} if config is not None else {}
+    fn = module.build(tensors.qweight, tensors.scales, tensors.bias, case.epilogue, **extra)
     out = fn(tensors.x, tensors.residual)
     kh.synchronize(device)
     ref = kh.reference(tensors.x, tensors.qweight, tensors.scales, tensors.bias, tensors.residual, case.epilogue)
@@ -95,7 +104,7 @@ def evaluate_case(module, baseline, case, device, plan: TimingPlan, copy_gbps: f
         fn = None
         for mode in kh.MODES:
             stage = f"correctness ({mode})"
-            result.checks[mode], built = _check_mode(module, case, mode, device)
+            result.checks[mode], built = check_mode(module, case, mode, device)
             fn = built or fn
         result.correct = all(check["ok"] for check in result.checks.values())
         if not result.correct:

@@ -22,30 +22,24 @@ import sys
 from pathlib import Path
 
 from evals import kernel_harness as kh
+from evals.selfcheck import error_line
 
 
-def _check_pair(solution: str, case_obj: kh.Case, overrides: dict) -> dict:
-    """Child process: build, one call per input kind, compare with the oracle. Returns {"ok", "error"}."""
-    import torch
-
+def _check_pair(solution: str, case: kh.Case, overrides: dict) -> dict:
+    """Child process: the selfcheck's correctness check (normal and adversarial inputs) with ``overrides``."""
     from evals.loader import load_solution
+    from evals.selfcheck import check_mode
 
     try:
         module = load_solution(Path(solution))
         device = kh.select_device().device
         for mode in kh.MODES:
-            t = kh.generate(case_obj, mode, device)
-            fn = module.build(t.qweight, t.scales, t.bias, case_obj.epilogue, config=overrides)
-            out = fn(t.x, t.residual)
-            ref = kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, case_obj.epilogue)
-            result = kh.check_output(out, ref, (case_obj.m, case_obj.n))
-            if not result.ok:
-                return {"ok": False, "error": f"{mode}: {result}"}
-            del fn, t, out
-            torch.cuda.empty_cache()
+            check, _ = check_mode(module, case, mode, device, overrides)
+            if not check["ok"]:
+                return {"ok": False, "error": f"{mode}: {check['message']}"}
         return {"ok": True, "error": None}
     except Exception as exc:  # the pair failed to build, compile or run: a row with its error
-        return {"ok": False, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"}
+        return {"ok": False, "error": error_line(exc)}
 
 
 def _time_pairs(solution: str, pairs: list[tuple[kh.Case, dict]]) -> list[dict]:
@@ -83,7 +77,7 @@ def _time_pairs(solution: str, pairs: list[tuple[kh.Case, dict]]) -> list[dict]:
                                if isinstance(v, int)}
             del fn
         except Exception as exc:
-            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            row["error"] = error_line(exc)
         results.append(row)
         print(json.dumps(row), flush=True)
     return results
@@ -143,11 +137,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--grid {args.grid}: {exc}")
     if not isinstance(grid, list) or not all(isinstance(g, dict) for g in grid):
         parser.error("--grid must hold a JSON list of objects (override dicts)")
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1; got {args.jobs}")
     from evals.loader import resolve_solution_dir
 
     try:
         solution = str(resolve_solution_dir(args.solution))
-        result = run(solution, grid, args.panel, max(1, args.jobs))
+        result = run(solution, grid, args.panel, args.jobs)
     except (FileNotFoundError, RuntimeError, ValueError) as exc:
         print(f"sweep: {exc}", file=sys.stderr)
         return 2

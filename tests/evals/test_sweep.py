@@ -49,6 +49,8 @@ def test_cli_usage_errors(tmp_path):
     assert run.returncode == 2 and "missing.json" in run.stderr
     good = tmp_path / "good.json"
     good.write_text(json.dumps([{}]))
+    run = run_cli("--solution", DRAFT, "--grid", str(good), "--jobs", "0")
+    assert run.returncode == 2 and "--jobs must be at least 1" in run.stderr
     run = run_cli("--solution", str(tmp_path), "--grid", str(good))
     assert run.returncode == 2 and "no solution.py" in run.stderr
     if not torch.cuda.is_available():

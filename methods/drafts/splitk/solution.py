@@ -28,10 +28,10 @@ Design:
   kernel applies the epilogue itself (one launch). Split s covers groups [s*G // S, (s+1)*G // S).
 - Split-K, REDUCE_MODE 1 (one launch): each program adds its partial atomically into a kept fp32 (M, N) accumulator,
   passes a barrier and counts itself in on a per-tile counter (acquire-release); the program that counts last applies
-  the epilogue and leaves accumulator and counter at zero for the next call. Ledger v39 (and 14 of 60 swept plans)
-  gave wrong sums on the H200: the compiled kernel zeroed the accumulator in a thread layout other than the one it
-  read it in, with no barrier between (seen in the sm90 PTX; the interpreter runs one thread). A barrier now
-  separates them; that fix has not yet run on a GPU, so no tier uses REDUCE_MODE 1.
+  the epilogue and leaves accumulator and counter at zero for the next call. Ledger v39 (and 19 of the 188 swept
+  one-launch split-K pairs) gave wrong sums on the H200: the compiled kernel zeroed the accumulator in a thread
+  layout other than the one it read it in, with no barrier between (seen in the sm90 PTX; the interpreter runs one
+  thread). A barrier now separates them; that fix has not yet run on a GPU, so no tier uses REDUCE_MODE 1.
 - Host path: per M, the plan, the grid and a compiled-kernel launcher (CUDA, not interpreted) are built once; a call
   is a few checks, torch.empty for the output (and the workspace when split) and one or two launches.
 Build keeps references to the caller's tensors and, with SWAP_AB and LAYOUT 1 or 2, a repacked copy of the words
@@ -322,8 +322,8 @@ def build(qweight, scales, bias, epilogue, config=None):
     activation = ACTIVATIONS[epilogue]
     device = qweight.device
     overrides = dict(config) if config else None
-    # the weight layout depends on (K, N) only, never on M: repack once, here
-    shape_plan = plan(GROUP_SIZE, K, N, overrides)
+    # SWAP_AB, LAYOUT and BLOCK_SIZE_N come from (K, N) alone, whatever M the plan is asked for: repack once, here
+    shape_plan = plan(1, K, N, overrides)
     layout = shape_plan["LAYOUT"] if shape_plan["SWAP_AB"] else 0
     words = repack(qweight, layout, shape_plan["BLOCK_SIZE_N"])
     compiled_path = device.type == "cuda" and isinstance(w4a16_main_kernel, JITFunction)
