@@ -28,7 +28,8 @@ def main(solution: str) -> None:
         for mode in ((0, 1) if cfg["SPLIT_K"] > 1 else (0,)):
             constants = {"ACTIVATION": 0, "SPLIT_K": cfg["SPLIT_K"], "SWAP_AB": cfg["SWAP_AB"],
                          "LAYOUT": cfg["LAYOUT"] if cfg["SWAP_AB"] else 0, "UNPACK": cfg["UNPACK"],
-                         "MAGIC": cfg["MAGIC"], "SCALE_AFTER_DOT": cfg["SCALE_AFTER_DOT"], "REDUCE_MODE": mode,
+                         "MAGIC": cfg["MAGIC"], "DEQUANT": cfg["DEQUANT"], "SCALE_AFTER_DOT": cfg["SCALE_AFTER_DOT"],
+                         "REDUCE_MODE": mode,
                          "BLOCK_SIZE_M": cfg["BLOCK_SIZE_M"], "BLOCK_SIZE_N": cfg["BLOCK_SIZE_N"],
                          "BLOCK_SIZE_K": cfg["BLOCK_SIZE_K"]}
             options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
@@ -46,6 +47,7 @@ def main(solution: str) -> None:
             # layout; a barrier must lie between the last read and the zeroing stores that end the kernel
             reads_then_barrier = ptx.rfind("bar.sync") > ptx.rfind("ld.volatile.global") if mode == 1 else None
             compiled.append({"case": case.name, "reduce_mode": mode, "shared": kernel.metadata.shared,
+                             "dequant": cfg["DEQUANT"], "f16x2_dequant": "sub.f16x2" in ptx,
                              "barrier_after_reads": reads_then_barrier, **options})
     print(json.dumps(compiled))
 

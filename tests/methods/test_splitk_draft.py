@@ -66,6 +66,8 @@ NOSWAP = {"SWAP_AB": 0, "BLOCK_SIZE_N": 64}
     SWAP | {"LAYOUT": 0}, SWAP | {"LAYOUT": 1, "SPLIT_K": 2}, SWAP | {"LAYOUT": 2, "SPLIT_K": 3},
     SWAP | {"LAYOUT": 2, "BLOCK_SIZE_N": 256, "MAGIC": 0, "SCALE_AFTER_DOT": 0},
     SWAP | {"LAYOUT": 1, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_M": 16, "SPLIT_K": 2, "REDUCE_MODE": 1},
+    SWAP | {"LAYOUT": 2, "DEQUANT": 1, "SPLIT_K": 2, "REDUCE_MODE": 1}, SWAP | {"DEQUANT": 1, "MAGIC": 0},
+    SWAP | {"LAYOUT": 2, "DEQUANT": 2, "BLOCK_SIZE_N": 64}, NOSWAP | {"DEQUANT": 1}, NOSWAP | {"DEQUANT": 2, "MAGIC": 0},
     NOSWAP | {"UNPACK": 1}, NOSWAP | {"MAGIC": 0}, NOSWAP | {"UNPACK": 1, "MAGIC": 0, "SPLIT_K": 2},
     NOSWAP | {"SCALE_AFTER_DOT": 0}, NOSWAP | {"SCALE_AFTER_DOT": 0, "UNPACK": 1, "MAGIC": 0},
     NOSWAP | {"BLOCK_SIZE_N": 128, "SPLIT_K": 2}, NOSWAP | {"BLOCK_SIZE_N": 256}, NOSWAP | {"BLOCK_SIZE_M": 16},
@@ -102,10 +104,13 @@ def test_plan_tiers_on_visible_shapes():
     balanced = [(18, 8192, 8192), (24, 8192, 28672), (32, 28672, 8192), (20, 14336, 4096), (28, 8192, 10240)]
     for m, k, n in expert + balanced:
         cfg = S.plan(m, k, n)
-        # split K up to about two programs per SM (132 SMs), never past one group per split
-        assert cfg["M_TILES"] * cfg["N_TILES"] * cfg["SPLIT_K"] >= 264 or cfg["SPLIT_K"] == k // 128
-        assert cfg["M_TILES"] * cfg["N_TILES"] * (cfg["SPLIT_K"] - 1) < 264
-        assert cfg["SWAP_AB"] == ((m, k, n) in balanced)
+        # the fewest splits that give MIN_PROGRAMS programs (132 SMs: 2 to 4 per SM), never past one group per split
+        tiles, target = cfg["M_TILES"] * cfg["N_TILES"], cfg["MIN_PROGRAMS"]
+        assert 132 <= target <= 4 * 132
+        assert tiles * cfg["SPLIT_K"] >= target or cfg["SPLIT_K"] == k // 128
+        assert tiles * (cfg["SPLIT_K"] - 1) < target
+        # each visible shape is one launch: split-K sums in the kept accumulator, or no split at all
+        assert cfg["SPLIT_K"] == 1 or cfg["REDUCE_MODE"] == 1
     for m in (1, 5, 16, 17, 32, 33, 100):
         cfg = S.plan(m, 8192, 3072)
         assert cfg["BLOCK_SIZE_M"] == (16 if m <= 16 else 32)
@@ -185,6 +190,14 @@ def test_one_launch_reduction_matches_the_oracle(m, k, n, ep, split_k, mode):
     _check(kh.Case("one-launch", m, k, n, ep, 31), mode, {"SPLIT_K": split_k, "REDUCE_MODE": 1})
 
 
+def _same_call_again(again, first, ref, case):
+    """A repeated call agrees with the oracle; on one thread (the interpreter) also bit for bit with the first. On a
+    GPU the splits' atomic adds land in any order, so fp32 rounding may differ in the last bits (H200, 2026-11-30)."""
+    assert kh.check_output(again, ref, (case.m, case.n)).ok
+    if DEVICE.type != "cuda":
+        assert torch.equal(again, first)
+
+
 def test_one_launch_reduction_cleans_up_after_every_call_and_keeps_one_accumulator():
     case = kh.Case("one-launch", 18, 640, 512, "gelu_tanh", 12)
     fn, t, first = _check(case, "adversarial", {"SPLIT_K": 3, "REDUCE_MODE": 1})
@@ -192,12 +205,13 @@ def test_one_launch_reduction_cleans_up_after_every_call_and_keeps_one_accumulat
         (x, r), = kh.make_inputs(case, 1, seed=seed, device=DEVICE)
         out = fn(x, r)
         assert kh.check_output(out, kh.reference(x, t.qweight, t.scales, t.bias, r, case.epilogue), (case.m, case.n)).ok
-    assert torch.equal(fn(t.x, t.residual), first)
+    ref = kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
+    _same_call_again(fn(t.x, t.residual), first, ref, case)
     other = kh.Case("one-launch", 7, 640, 512, "gelu_tanh", 12)  # another M takes over the accumulator, and back
     (x7, r7), = kh.make_inputs(other, 1, seed=3, device=DEVICE)
     out7 = fn(x7, r7)
     assert kh.check_output(out7, kh.reference(x7, t.qweight, t.scales, t.bias, r7, case.epilogue), (7, case.n)).ok
-    assert torch.equal(fn(t.x, t.residual), first)
+    _same_call_again(fn(t.x, t.residual), first, ref, case)
     gc.collect()
     accumulators = [o for o in gc.get_objects() if type(o) is torch.Tensor and o.dtype == torch.float32
                     and tuple(o.shape) in ((7, case.n), (18, case.n))]
@@ -222,3 +236,6 @@ def test_every_visible_plan_compiles_for_hopper_within_shared_memory():
         assert kernel["shared"] <= HOPPER_SHARED_BYTES, kernel
         if kernel["reduce_mode"] == 1:  # the race ledger v39 ran into: zeroing sums another thread has not read
             assert kernel["barrier_after_reads"], kernel
+        # DEQUANT 2's inline PTX reaches the machine code (ptxas assembled it); the interpreter runs DEQUANT 1 instead
+        assert kernel["f16x2_dequant"] == (kernel["dequant"] == 2), kernel
+    assert any(kernel["dequant"] == 2 for kernel in compiled)

@@ -8,11 +8,10 @@ Contract (SPEC.md):
     x        fp16  (M, K);  residual fp16 (M, N);  out fp16 (M, N), a fresh tensor on every call
     W[k, n] = (code[k, n] - 8) * scales[k // 128, n];   out = act(x @ W + bias) + residual,  act in {silu, gelu_tanh}
 
-A hand-written draft. Its tables are ledger v40's, and its kernels compute what v40's do (H200, visible panel:
-selfcheck score 1.590, balanced 1.26, expert-batch 2.15). The verifier rejects v40: on two expert-batch cases the
-host-bound two-launch path varies by more than the 1.15 dispersion limit (max/min 1.62 and 1.54). Submit a change
-with `python -m agent submit methods/drafts/splitk --from vN --summary ...` on a GPU; sweep its knobs with
-`make sweep SOLUTION=methods/drafts/splitk` (evals/sweep.py; the plans in evals/sweep_grid.json).
+A hand-written draft. Its plans come from the H200 sweep of session 5 (2026-11-30): swap-AB wgmma tiles of 64 output
+columns over words repacked in program order, dequantized by a short inline-PTX sequence, with one-launch split-K.
+Submit a change with `python -m agent submit methods/drafts/splitk --from vN --summary ...` on a GPU; sweep its knobs
+with `make sweep SOLUTION=methods/drafts/splitk` (evals/sweep.py; the plans in evals/sweep_grid.json).
 
 Design:
 - One K step is one 128-row quantization group. SWAP_AB 1 computes out^T = W^T x^T: the N tile is the MMA's M
@@ -21,7 +20,9 @@ Design:
   copy (LAYOUT 1) or a copy in program order (LAYOUT 2: one contiguous block per program and K step), made at build.
   SWAP_AB 0 computes x @ W with [BLOCK_K, BLOCK_N] weight tiles: UNPACK 0 loads each word once and expands it by a
   broadcast shift and a reshape (row 8j + i is nibble i of word j); UNPACK 1 loads the word of every row, as v0 does.
-  MAGIC 1 turns codes into fp16 through the 0x6400 exponent trick. SCALE_AFTER_DOT 1 feeds the integer-valued codes
+  MAGIC 1 turns codes into fp16 through the 0x6400 exponent trick. DEQUANT 2 does that for two codes per 32-bit
+  operation in inline PTX (lop3, then one f16x2 subtraction): 2.7x fewer instructions in the sm90 loop than the
+  per-weight shifts of DEQUANT 0, and no scalar shared-memory traffic for the words. SCALE_AFTER_DOT 1 feeds the integer-valued codes
   minus 8 (exact in fp16) to tl.dot and multiplies the fp32 partial by the group's scale; 0 scales the fp16 tile first.
 - Split-K, REDUCE_MODE 0 (no atomics): with SPLIT_K > 1 the main kernel writes fp32 partials to a per-call workspace
   (SPLIT_K, M, N) and a second kernel sums them and applies bias, activation and residual. With SPLIT_K == 1 the main
@@ -31,9 +32,11 @@ Design:
   the epilogue and leaves accumulator and counter at zero for the next call. Ledger v39 (and 19 of the 188 swept
   one-launch split-K pairs) gave wrong sums on the H200: the compiled kernel zeroed the accumulator in a thread
   layout other than the one it read it in, with no barrier between (seen in the sm90 PTX; the interpreter runs one
-  thread). A barrier now separates them; that fix has not yet run on a GPU, so no tier uses REDUCE_MODE 1.
+  thread). A barrier now separates them: in the next sweep all 203 one-launch split-K pairs were right before
+  and after timing. The adds land in any order, so a repeated call may differ in the last bits of fp32 rounding.
 - Host path: per M, the plan, the grid and a compiled-kernel launcher (CUDA, not interpreted) are built once; a call
-  is a few checks, torch.empty for the output (and the workspace when split) and one or two launches.
+  is a few checks, torch.empty for the output (and the workspace when split) and one or two launches, each straight
+  through the compiled kernel's launcher on the current stream.
 Build keeps references to the caller's tensors and, with SWAP_AB and LAYOUT 1 or 2, a repacked copy of the words
 (K*N/2 bytes, the contract's int4 allowance); REDUCE_MODE 1 keeps its accumulator and counters (4*M*N + 4*tiles bytes)
 for the latest M only.
@@ -41,6 +44,7 @@ for the latest M only.
 import torch
 import triton
 import triton.language as tl
+from triton.runtime import driver
 from triton.runtime.jit import JITFunction
 
 GROUP_SIZE = 128
@@ -56,30 +60,31 @@ def get_config():
     # LAYOUT (with SWAP_AB) 0: the caller's words; 1: a (N, K // 8) copy; 2: a copy in program order (build repacks).
     # UNPACK (without SWAP_AB) 0: load each word once and reshape; 1: load the word of every row (v0 style).
     # MAGIC 1: int -> fp16 through the 0x6400 exponent trick; 0: plain conversion.
+    # DEQUANT (with UNPACK 0) 0: one shift per weight over a broadcast word tile; 1: eight shift-and-mask passes over
+    # the words, joined; 2: one inline-PTX sequence per word, two weights per 32-bit operation (compiled CUDA only: the
+    # interpreter and other devices run DEQUANT 1, which computes the same values).
     # SCALE_AFTER_DOT 1: the group's scale multiplies the fp32 partial product; 0: it multiplies the fp16 weight tile
     # before the dot (as v0 does).
     # REDUCE_MODE (with SPLIT_K > 1) 0: partials to a per-call workspace and a second kernel for the sum and the
     # epilogue; 1: one launch, partials added atomically into a kept fp32 accumulator, the last program of a tile
     # applies the epilogue.
-    return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 264,
-            "SWAP_AB": 1, "LAYOUT": 0, "UNPACK": 0, "MAGIC": 1, "SCALE_AFTER_DOT": 1, "REDUCE_MODE": 0,
+    return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 396,
+            "SWAP_AB": 1, "LAYOUT": 2, "UNPACK": 0, "MAGIC": 1, "DEQUANT": 2, "SCALE_AFTER_DOT": 1, "REDUCE_MODE": 1,
             "REDUCE_BLOCK": 1024, "REDUCE_WARPS": 4, "num_warps": 4, "num_stages": 3}
 
 
 # Per-shape overrides: the first tier whose N and K ranges hold the shape updates the general configuration.
-# From the H200 sweep of 30 plans on the visible panel (2026-11-30, `make sweep`), the fastest plans that do not use
-# the one-launch reduction (REDUCE_MODE 1 is wrong on the H200, see above). Eager us, the plan vs v0 in the verifier
-# (v40): 53.6 vs 57.5, 155 vs 175, 189 vs 202, 53.7 vs 103, 68.7 vs 91.9 (balanced); 35.4 vs 64.6, 31.7 vs 125,
-# 47.7 vs 68.1, 30.2 vs 109, 45.8 vs 94.0 (expert-batch: two launches, host-bound and noisy).
+# From the H200 sweep of 26 plans on the visible panel (2026-11-30 session 5, `make sweep`, evals/sweep_grid.json):
+# swap-AB, program-order words, N tile 64, the inline-PTX dequant and the one-launch split-K won on every case but
+# two, where they were within 1%. Only the number of programs split-K aims at differs by N. Eager us, this plan
+# against the draft's previous one (v40): 18x8192x8192 28.1 vs 52.9, 24x8192x28672 87.5 vs 155, 32x28672x8192 84.2
+# vs 189, 20x14336x4096 28.2 vs 53.4, 28x8192x10240 37.0 vs 68.6; expert-batch 12.9, 14.2, 12.7, 12.8, 17.4 vs
+# 23.1, 22.2, 21.8, 22.9, 25.8 (host-bound: about the cost of torch.empty and one launch on that machine).
 TIERS = [
-    # expert-batch: N <= 2048, deep K: few N tiles, so most programs come from split-K (x @ W tiles).
-    {"N_MIN": 256, "N_MAX": 2048, "K_MIN": 128, "K_MAX": 1 << 40,
-     "BLOCK_SIZE_N": 64, "SPLIT_K": 0, "MIN_PROGRAMS": 264, "SWAP_AB": 0, "LAYOUT": 0, "REDUCE_MODE": 0,
-     "num_warps": 4, "num_stages": 3},
-    # balanced: N >= 4096: swap-AB, 32..224 N tiles of 128 over program-order words; split-K up to MIN_PROGRAMS.
-    {"N_MIN": 4096, "N_MAX": 1 << 40, "K_MIN": 128, "K_MAX": 1 << 40,
-     "BLOCK_SIZE_N": 128, "SPLIT_K": 0, "MIN_PROGRAMS": 264, "SWAP_AB": 1, "LAYOUT": 2, "REDUCE_MODE": 0,
-     "num_warps": 4, "num_stages": 3},
+    # expert-batch: N <= 2048, deep K: 4..32 N tiles, so nearly all programs come from split-K.
+    {"N_MIN": 256, "N_MAX": 2048, "K_MIN": 128, "K_MAX": 1 << 40, "MIN_PROGRAMS": 528},
+    # the widest outputs: 448 N tiles at N = 28672; two splits each beat one (87.5 vs 97.1 us).
+    {"N_MIN": 16384, "N_MAX": 1 << 40, "K_MIN": 128, "K_MAX": 1 << 40, "MIN_PROGRAMS": 528},
 ]
 
 _TIER_RANGE_KEYS = ("N_MIN", "N_MAX", "K_MIN", "K_MAX")
@@ -137,12 +142,65 @@ def _weights_fp16(codes, MAGIC: tl.constexpr):
         return (codes - 8).to(tl.float16)
 
 
+# Eight nibbles of one int32 word -> eight fp16 values code - 8, two per 32-bit operation: lop3 keeps nibbles i and
+# i + 4 under the fp16 exponent 0x6400 (1024 + code, exact), one f16x2 subtraction of 1032 gives code - 8.
+_DEQUANT_PTX = tl.constexpr("""
+{
+.reg .b32 t0, t1, t2, t3, m;
+mov.b32 m, 0x64086408;
+shr.u32 t1, $8, 4;
+shr.u32 t2, $8, 8;
+shr.u32 t3, $8, 12;
+lop3.b32 t0, $8, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 t1, t1, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 t2, t2, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 t3, t3, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 t0, t0, m;
+sub.f16x2 t1, t1, m;
+sub.f16x2 t2, t2, m;
+sub.f16x2 t3, t3, m;
+mov.b32 {$0, $4}, t0;
+mov.b32 {$1, $5}, t1;
+mov.b32 {$2, $6}, t2;
+mov.b32 {$3, $7}, t3;
+}
+""")
+
+
+@triton.jit
+def _join8(n0, n1, n2, n3, n4, n5, n6, n7):
+    """Eight [R, W] tensors -> [R, W, 8], element [r, w, i] from n_i.
+
+    join(a, b) adds a last axis of 2 (a at 0, b at 1), so the last join picks bit 0 of i and the first joins bit 2.
+    """
+    nibbles = tl.join(tl.join(tl.join(n0, n4), tl.join(n2, n6)), tl.join(tl.join(n1, n5), tl.join(n3, n7)))
+    return tl.reshape(nibbles, (n0.shape[0], n0.shape[1], 8))
+
+
+@triton.jit
+def _unpack_words(words, MAGIC: tl.constexpr, DEQUANT: tl.constexpr):
+    """int32 words [R, W] -> fp16 [R, W, 8] of code - 8, element [r, w, i] from nibble i (bits 4i..4i+3) of words[r, w].
+
+    DEQUANT 1: eight shift-and-mask passes over the words, joined (pure Triton: what the interpreter runs).
+    DEQUANT 2: the same values from one inline-PTX sequence per word (compiled CUDA only; build passes 1 elsewhere).
+    """
+    if DEQUANT == 2:
+        n0, n1, n2, n3, n4, n5, n6, n7 = tl.inline_asm_elementwise(
+            _DEQUANT_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r", [words], dtype=(tl.int16,) * 8, is_pure=True, pack=1)
+        codes = _join8(n0, n1, n2, n3, n4, n5, n6, n7)
+        return codes.to(tl.float16, bitcast=True)
+    else:
+        codes = _join8(words & 0xF, (words >> 4) & 0xF, (words >> 8) & 0xF, (words >> 12) & 0xF,
+                       (words >> 16) & 0xF, (words >> 20) & 0xF, (words >> 24) & 0xF, (words >> 28) & 0xF)
+        return _weights_fp16(codes, MAGIC)
+
+
 @triton.jit
 def w4a16_main_kernel(
     x_ptr, q_ptr, s_ptr, b_ptr, r_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K,
     ACTIVATION: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, LAYOUT: tl.constexpr,
     UNPACK: tl.constexpr, MAGIC: tl.constexpr, SCALE_AFTER_DOT: tl.constexpr, REDUCE_MODE: tl.constexpr,
-    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    DEQUANT: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
 ):
     # M, N and K are runtime values (one compiled kernel serves every shape of a plan); Triton specializes them on
     # divisibility by 16, which K % 128 == 0 and N % 256 == 0 always give.
@@ -191,9 +249,12 @@ def w4a16_main_kernel(
         for _ in range(g_start, g_end):
             xt = tl.load(xt_ptrs, mask=mask_m[None, :], other=0.0)
             words = tl.load(q_ptrs)
-            codes = (words[:, :, None] >> shifts[None, None, :]) & 0xF
-            codes = tl.reshape(codes, (BLOCK_SIZE_N, BLOCK_SIZE_K))  # column 8j + i is nibble i of word j
-            w = _weights_fp16(codes, MAGIC)
+            if DEQUANT == 0:
+                codes = (words[:, :, None] >> shifts[None, None, :]) & 0xF
+                codes = tl.reshape(codes, (BLOCK_SIZE_N, BLOCK_SIZE_K))  # column 8j + i is nibble i of word j
+                w = _weights_fp16(codes, MAGIC)
+            else:
+                w = tl.reshape(_unpack_words(words, MAGIC, DEQUANT), (BLOCK_SIZE_N, BLOCK_SIZE_K))
             scale = tl.load(s_ptrs)
             if SCALE_AFTER_DOT:
                 acc += tl.dot(w, xt) * scale.to(tl.float32)[:, None]
@@ -218,12 +279,14 @@ def w4a16_main_kernel(
         for _ in range(g_start, g_end):
             x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
             words = tl.load(q_ptrs)
-            if UNPACK == 0:
+            if UNPACK == 1:
+                w = _weights_fp16((words >> shifts[:, None]) & 0xF, MAGIC)
+            elif DEQUANT == 0:
                 codes = (words[:, None, :] >> shifts[None, :, None]) & 0xF
-                codes = tl.reshape(codes, (BLOCK_SIZE_K, BLOCK_SIZE_N))
-            else:
-                codes = (words >> shifts[:, None]) & 0xF
-            w = _weights_fp16(codes, MAGIC)
+                w = _weights_fp16(tl.reshape(codes, (BLOCK_SIZE_K, BLOCK_SIZE_N)), MAGIC)
+            else:  # [WORDS, BLOCK_SIZE_N, 8] -> [WORDS, 8, BLOCK_SIZE_N]: row 8j + i is nibble i of word j
+                w = tl.permute(_unpack_words(words, MAGIC, DEQUANT), (0, 2, 1))
+                w = tl.reshape(w, (BLOCK_SIZE_K, BLOCK_SIZE_N))
             scale = tl.load(s_ptrs)
             if SCALE_AFTER_DOT:
                 part = tl.dot(x, w)  # exact products of integer-valued weights, fp32 accumulation
@@ -283,6 +346,29 @@ def w4a16_reduce_kernel(
 
 
 # ------------------------------------------------------------------------------------------------ host
+def _launcher(kernel, grid, device_index):
+    """``launch(*args)`` for a compiled kernel: its launcher called directly on the device's current stream.
+
+    This is what ``CompiledKernel.__getitem__(grid)(*args)`` does in triton 3.6 without the per-call device query and
+    launch-hook lookups (so launch hooks, such as a profiler's, do not see these launches). Other versions take the
+    public path.
+    """
+    if hasattr(kernel, "result"):
+        kernel = kernel.result()
+    kernel._init_handles()
+    run = getattr(kernel, "run", None)
+    function = getattr(kernel, "function", None)
+    packed = getattr(kernel, "packed_metadata", None)
+    if run is None or function is None or packed is None:
+        return kernel[grid]
+    current_stream = driver.active.get_current_stream
+    g0, g1, g2 = grid
+
+    def launch(*args):
+        run(g0, g1, g2, current_stream(device_index), function, packed, None, None, None, *args)
+    return launch
+
+
 def repack(qweight, layout, block_n):
     """The int32 words in the order LAYOUT reads them (same bytes as the caller's tensor; 0 keeps the caller's)."""
     if layout == 0:
@@ -327,6 +413,7 @@ def build(qweight, scales, bias, epilogue, config=None):
     layout = shape_plan["LAYOUT"] if shape_plan["SWAP_AB"] else 0
     words = repack(qweight, layout, shape_plan["BLOCK_SIZE_N"])
     compiled_path = device.type == "cuda" and isinstance(w4a16_main_kernel, JITFunction)
+    device_index = qweight.get_device()
     launches = {}  # M -> call(x, residual) -> out
     keeping = set()  # the M whose launch keeps an accumulator (REDUCE_MODE 1): one at a time, within the contract
 
@@ -335,8 +422,9 @@ def build(qweight, scales, bias, epilogue, config=None):
         split_k = cfg["SPLIT_K"]
         grid = (cfg["M_TILES"] * cfg["N_TILES"], split_k, 1)
         one_launch = split_k > 1 and cfg["REDUCE_MODE"] == 1
+        dequant = cfg["DEQUANT"] if compiled_path else min(cfg["DEQUANT"], 1)  # inline PTX needs a compiled kernel
         main_tail = (M, N, K, activation, split_k, cfg["SWAP_AB"], layout, cfg["UNPACK"], cfg["MAGIC"],
-                     cfg["SCALE_AFTER_DOT"], cfg["REDUCE_MODE"], cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], GROUP_SIZE)
+                     cfg["SCALE_AFTER_DOT"], cfg["REDUCE_MODE"], dequant, cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], GROUP_SIZE)
         main_opts = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
         total = M * N
         reduce_block = cfg["REDUCE_BLOCK"]
@@ -384,9 +472,7 @@ def build(qweight, scales, bias, epilogue, config=None):
         # warmup compiles without launching: the accumulator and the counters stay at zero
         main = w4a16_main_kernel.warmup(x, words, scales, bias, residual, out, ws, cnt, *main_tail, grid=grid,
                                         **main_opts)
-        if hasattr(main, "result"):
-            main = main.result()
-        run_main = main[grid]
+        run_main = _launcher(main, grid, device_index)
         if split_k == 1:
             def call(x, residual):
                 out = torch.empty(out_shape, dtype=f16, device=device)
@@ -401,9 +487,7 @@ def build(qweight, scales, bias, epilogue, config=None):
             return call
 
         reduce = w4a16_reduce_kernel.warmup(ws, bias, residual, out, *reduce_tail, grid=reduce_grid, **reduce_opts)
-        if hasattr(reduce, "result"):
-            reduce = reduce.result()
-        run_reduce = reduce[reduce_grid]
+        run_reduce = _launcher(reduce, reduce_grid, device_index)
 
         def call(x, residual):
             out = torch.empty(out_shape, dtype=f16, device=device)
