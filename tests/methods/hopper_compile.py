@@ -48,6 +48,7 @@ def main(solution: str) -> None:
             reads_then_barrier = ptx.rfind("bar.sync") > ptx.rfind("ld.volatile.global") if mode == 1 else None
             compiled.append({"case": case.name, "reduce_mode": mode, "shared": kernel.metadata.shared,
                              "dequant": cfg["DEQUANT"], "f16x2_dequant": "sub.f16x2" in ptx,
+                             "layout": constants["LAYOUT"], "ldmatrix": "ldmatrix" in ptx,
                              "barrier_after_reads": reads_then_barrier, **options})
     print(json.dumps(compiled))
 

@@ -68,6 +68,8 @@ NOSWAP = {"SWAP_AB": 0, "BLOCK_SIZE_N": 64}
     SWAP | {"LAYOUT": 1, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_M": 16, "SPLIT_K": 2, "REDUCE_MODE": 1},
     SWAP | {"LAYOUT": 2, "DEQUANT": 1, "SPLIT_K": 2, "REDUCE_MODE": 1}, SWAP | {"DEQUANT": 1, "MAGIC": 0},
     SWAP | {"LAYOUT": 2, "DEQUANT": 2, "BLOCK_SIZE_N": 64}, NOSWAP | {"DEQUANT": 1}, NOSWAP | {"DEQUANT": 2, "MAGIC": 0},
+    SWAP | {"LAYOUT": 3, "DEQUANT": 1, "SPLIT_K": 2, "REDUCE_MODE": 1}, SWAP | {"LAYOUT": 3, "DEQUANT": 2, "MAGIC": 0},
+    SWAP | {"LAYOUT": 3, "DEQUANT": 2, "BLOCK_SIZE_N": 64, "SPLIT_K": 1}, SWAP | {"LAYOUT": 3, "BLOCK_SIZE_N": 256},
     NOSWAP | {"UNPACK": 1}, NOSWAP | {"MAGIC": 0}, NOSWAP | {"UNPACK": 1, "MAGIC": 0, "SPLIT_K": 2},
     NOSWAP | {"SCALE_AFTER_DOT": 0}, NOSWAP | {"SCALE_AFTER_DOT": 0, "UNPACK": 1, "MAGIC": 0},
     NOSWAP | {"BLOCK_SIZE_N": 128, "SPLIT_K": 2}, NOSWAP | {"BLOCK_SIZE_N": 256}, NOSWAP | {"BLOCK_SIZE_M": 16},
@@ -90,7 +92,34 @@ def test_repacked_words_hold_the_same_codes(layout):
     assert int(got) == int(expected)
     assert S.repack(t.qweight, 0, 128) is t.qweight  # LAYOUT 0 keeps the caller's tensor, no copy
     with pytest.raises(ValueError):
-        S.repack(t.qweight, 3, 128)
+        S.repack(t.qweight, 4, 128)
+
+
+def _code(words, k, n):
+    return (int(words[k // 8, n]) >> (4 * (k % 8))) & 0xF
+
+
+def test_operand_order_words_hold_every_code_where_the_kernel_unpacks_it():
+    """LAYOUT 3: word 4t + q, nibble 4 e0 + 2 e1 + c1 of a group holds its row 32q + 16 c1 + 8 e1 + 2t + e0; every
+    code of the caller's words appears exactly once, and the program-order blocks are LAYOUT 2's."""
+    case = kh.Case("repack", 3, 512, 256, "silu", 7)
+    t = kh.generate(case, "normal", DEVICE)
+    ordered = S._operand_order(t.qweight)
+    assert ordered.dtype == torch.int32 and ordered.shape == t.qweight.shape
+    for k in (0, 1, 2, 7, 8, 9, 16, 31, 33, 100, 127, 128, 255, 300, 511):
+        for n in (0, 5, 255):
+            g, row = divmod(k, 128)
+            q, rest = divmod(row, 32)
+            c1, rest = divmod(rest, 16)
+            e1, rest = divmod(rest, 8)
+            t_, e0 = divmod(rest, 2)
+            word, nibble = 16 * g + 4 * t_ + q, 4 * e0 + 2 * e1 + c1
+            assert _code(ordered, 8 * word + nibble, n) == _code(t.qweight, k, n), (k, n)
+    # a permutation of each group's codes: the same multiset of nibbles per column and group
+    src = torch.stack([(t.qweight >> (4 * i)) & 0xF for i in range(8)], 1).view(4, 128, 256)
+    dst = torch.stack([(ordered >> (4 * i)) & 0xF for i in range(8)], 1).view(4, 128, 256)
+    assert torch.equal(src.sort(1).values, dst.sort(1).values)
+    assert torch.equal(S.repack(t.qweight, 3, 128), S.repack(ordered, 2, 128))
 
 
 def test_split_clamped_to_groups():
@@ -181,6 +210,8 @@ def test_validation_errors():
         fn(t.x, t.residual[:5])
     with pytest.raises(ValueError):
         fn(t.x, t.residual.float())
+    with pytest.raises(ValueError, match="LAYOUT 3 needs DEQUANT"):  # its nibbles are not in row order
+        S.build(t.qweight, t.scales, t.bias, "silu", config={"SWAP_AB": 1, "LAYOUT": 3, "DEQUANT": 0})
 
 
 @pytest.mark.parametrize("split_k", [2, 3])
@@ -238,4 +269,6 @@ def test_every_visible_plan_compiles_for_hopper_within_shared_memory():
             assert kernel["barrier_after_reads"], kernel
         # DEQUANT 2's inline PTX reaches the machine code (ptxas assembled it); the interpreter runs DEQUANT 1 instead
         assert kernel["f16x2_dequant"] == (kernel["dequant"] == 2), kernel
+        if kernel["layout"] == 3:  # the unpacked words are the wgmma operand: no shared-memory round trip
+            assert not kernel["ldmatrix"], kernel
     assert any(kernel["dequant"] == 2 for kernel in compiled)

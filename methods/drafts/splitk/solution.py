@@ -57,7 +57,8 @@ def get_config():
     # BLOCK_SIZE_M is the largest M tile; smaller M uses max(16, next power of two of M).
     # SPLIT_K 0 means automatic: the fewest splits giving at least MIN_PROGRAMS programs.
     # SWAP_AB 1: compute out^T = W^T x^T, the N tile as the MMA's M dimension (wgmma on Hopper); 0: x @ W.
-    # LAYOUT (with SWAP_AB) 0: the caller's words; 1: a (N, K // 8) copy; 2: a copy in program order (build repacks).
+    # LAYOUT (with SWAP_AB) 0: the caller's words; 1: a (N, K // 8) copy; 2: a copy in program order (build repacks);
+    # 3: as 2, with each word's nibbles in the order the wgmma register operand holds them (needs DEQUANT 1 or 2).
     # UNPACK (without SWAP_AB) 0: load each word once and reshape; 1: load the word of every row (v0 style).
     # MAGIC 1: int -> fp16 through the 0x6400 exponent trick; 0: plain conversion.
     # DEQUANT (with UNPACK 0) 0: one shift per weight over a broadcast word tile; 1: eight shift-and-mask passes over
@@ -105,6 +106,8 @@ def plan(M, K, N, overrides=None):
         config.update(overrides)
     if config["BLOCK_SIZE_K"] != GROUP_SIZE:
         raise ValueError(f"BLOCK_SIZE_K must equal the quantization group {GROUP_SIZE}; got {config['BLOCK_SIZE_K']}")
+    if config["SWAP_AB"] and config["LAYOUT"] == 3 and config["DEQUANT"] == 0:
+        raise ValueError("LAYOUT 3 needs DEQUANT 1 or 2 (its nibbles are in the operand's order, not row order)")
     block_m = max(16, min(_next_pow2(config["BLOCK_SIZE_M"]), _next_pow2(M)))
     block_n = max(16, min(_next_pow2(config["BLOCK_SIZE_N"]), 256))
     while N % block_n:
@@ -240,7 +243,7 @@ def w4a16_main_kernel(
             row_words = tl.multiple_of(K // 8, 16)  # K % 128 == 0: 16-byte rows, so 16-byte loads
             q_ptrs = q_ptr + offs_n.to(tl.int64)[:, None] * row_words + (g_start * WORDS + offs_w)[None, :]
             q_step = WORDS
-        else:
+        else:  # LAYOUT 2 and 3: the same program-order blocks (3 with the nibbles in the operand's order)
             tile = (pid_n.to(tl.int64) * groups + g_start) * (BLOCK_SIZE_N * WORDS)
             q_ptrs = q_ptr + tile + tl.arange(0, BLOCK_SIZE_N)[:, None] * WORDS + offs_w[None, :]
             q_step = BLOCK_SIZE_N * WORDS
@@ -254,7 +257,14 @@ def w4a16_main_kernel(
                 codes = tl.reshape(codes, (BLOCK_SIZE_N, BLOCK_SIZE_K))  # column 8j + i is nibble i of word j
                 w = _weights_fp16(codes, MAGIC)
             else:
-                w = tl.reshape(_unpack_words(words, MAGIC, DEQUANT), (BLOCK_SIZE_N, BLOCK_SIZE_K))
+                w = _unpack_words(words, MAGIC, DEQUANT)  # [BLOCK_SIZE_N, 16, 8]
+                if LAYOUT == 3:
+                    # word 4t + q, nibble 4 e0 + 2 e1 + c1 holds row k = 32q + 16 c1 + 8 e1 + 2t + e0 of the group
+                    # (repack): put the nibbles in row order. In the wgmma operand layout thread t of a quad holds
+                    # rows 2t + e0 (+8 e1, +16 c) of its two tile columns, so the unpacked words already sit there,
+                    # each f16x2 pair of the dequant in one operand register: no trip through shared memory.
+                    w = tl.permute(tl.reshape(w, (BLOCK_SIZE_N, 4, 4, 2, 2, 2)), (0, 2, 5, 4, 1, 3))
+                w = tl.reshape(w, (BLOCK_SIZE_N, BLOCK_SIZE_K))
             scale = tl.load(s_ptrs)
             if SCALE_AFTER_DOT:
                 acc += tl.dot(w, xt) * scale.to(tl.float32)[:, None]
@@ -376,9 +386,34 @@ def repack(qweight, layout, block_n):
     words_k, n = qweight.shape
     if layout == 1:  # (N, K // 8): each column's words contiguous along K
         return qweight.t().contiguous()
-    if layout == 2:  # (N // block_n, K // 128, block_n, 16): one contiguous block per program and K step
+    if layout == 3:
+        qweight = _operand_order(qweight)
+    if layout in (2, 3):  # (N // block_n, K // 128, block_n, 16): one contiguous block per program and K step
         return qweight.view(words_k // 16, 16, n // block_n, block_n).permute(2, 0, 3, 1).contiguous()
-    raise ValueError(f"LAYOUT must be 0, 1 or 2; got {layout!r}")
+    raise ValueError(f"LAYOUT must be 0, 1, 2 or 3; got {layout!r}")
+
+
+# LAYOUT 3: word 4t + q of a group, nibble 4 e0 + 2 e1 + c1, holds the group's row 32q + 16 c1 + 8 e1 + 2t + e0,
+# which is row 8 j + i of the caller's words with j = 4q + 2 c1 + e1 and i = 2t + e0.
+def _operand_source(word, nibble):
+    t, q = divmod(word, 4)
+    e0, rest = divmod(nibble, 4)
+    e1, c1 = divmod(rest, 2)
+    return 4 * q + 2 * c1 + e1, 2 * t + e0  # (source word in the group, source nibble)
+
+
+def _operand_order(qweight):
+    """The caller's (K // 8, N) words with each group's 128 codes per column permuted into LAYOUT 3's order."""
+    words_k, n = qweight.shape
+    src = qweight.view(words_k // 16, 16, n).to(torch.int64)
+    out = torch.zeros_like(src)
+    for nibble in range(8):
+        sources = [_operand_source(word, nibble) for word in range(16)]
+        rows = torch.tensor([j for j, _ in sources], device=qweight.device)
+        shifts = torch.tensor([4 * i for _, i in sources], device=qweight.device).view(1, 16, 1)
+        out |= ((src[:, rows, :] >> shifts) & 0xF) << (4 * nibble)
+    # back to int32 two's complement (nibble 7 sets bit 31)
+    return (out - ((out >> 31) << 32)).to(torch.int32).view(words_k, n)
 
 
 def _check_weights(qweight, scales, bias, epilogue):
