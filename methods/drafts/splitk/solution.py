@@ -8,8 +8,9 @@ Contract (SPEC.md):
     x        fp16  (M, K);  residual fp16 (M, N);  out fp16 (M, N), a fresh tensor on every call
     W[k, n] = (code[k, n] - 8) * scales[k // 128, n];   out = act(x @ W + bias) + residual,  act in {silu, gelu_tanh}
 
-A hand-written draft. Its plans come from the H200 sweep of session 5 (2026-11-30): swap-AB wgmma tiles of 64 output
-columns over words repacked in program order, dequantized by a short inline-PTX sequence, with one-launch split-K.
+A hand-written draft. Its plans come from the H200 sweeps of session 5 (2026-11-30): swap-AB wgmma tiles of 64 output
+columns over words repacked in program order with each nibble where the wgmma register operand holds it (LAYOUT 3),
+dequantized by a short inline-PTX sequence, with one-launch split-K.
 Submit a change with `python -m agent submit methods/drafts/splitk --from vN --summary ...` on a GPU; sweep its knobs
 with `make sweep SOLUTION=methods/drafts/splitk` (evals/sweep.py; the plans in evals/sweep_grid.json).
 
@@ -17,7 +18,8 @@ Design:
 - One K step is one 128-row quantization group. SWAP_AB 1 computes out^T = W^T x^T: the N tile is the MMA's M
   dimension (a wgmma instruction on Hopper, with the dequantized tile as its register operand) and the M rows of x its
   N dimension. The words come as a [BLOCK_N, 16] tile, from the caller's (K // 8, N) tensor (LAYOUT 0), a (N, K // 8)
-  copy (LAYOUT 1) or a copy in program order (LAYOUT 2: one contiguous block per program and K step), made at build.
+  copy (LAYOUT 1) or a copy in program order (LAYOUT 2: one contiguous block per program and K step; LAYOUT 3: the
+  same blocks with each word's nibbles in the operand's register order), made at build.
   SWAP_AB 0 computes x @ W with [BLOCK_K, BLOCK_N] weight tiles: UNPACK 0 loads each word once and expands it by a
   broadcast shift and a reshape (row 8j + i is nibble i of word j); UNPACK 1 loads the word of every row, as v0 does.
   MAGIC 1 turns codes into fp16 through the 0x6400 exponent trick. DEQUANT 2 does that for two codes per 32-bit
@@ -37,7 +39,7 @@ Design:
 - Host path: per M, the plan, the grid and a compiled-kernel launcher (CUDA, not interpreted) are built once; a call
   is a few checks, torch.empty for the output (and the workspace when split) and one or two launches, each straight
   through the compiled kernel's launcher on the current stream.
-Build keeps references to the caller's tensors and, with SWAP_AB and LAYOUT 1 or 2, a repacked copy of the words
+Build keeps references to the caller's tensors and, with SWAP_AB and LAYOUT 1, 2 or 3, a repacked copy of the words
 (K*N/2 bytes, the contract's int4 allowance); REDUCE_MODE 1 keeps its accumulator and counters (4*M*N + 4*tiles bytes)
 for the latest M only.
 """
@@ -70,22 +72,18 @@ def get_config():
     # epilogue; 1: one launch, partials added atomically into a kept fp32 accumulator, the last program of a tile
     # applies the epilogue.
     return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 396,
-            "SWAP_AB": 1, "LAYOUT": 2, "UNPACK": 0, "MAGIC": 1, "DEQUANT": 2, "SCALE_AFTER_DOT": 1, "REDUCE_MODE": 1,
-            "REDUCE_BLOCK": 1024, "REDUCE_WARPS": 4, "num_warps": 4, "num_stages": 3}
+            "SWAP_AB": 1, "LAYOUT": 3, "UNPACK": 0, "MAGIC": 1, "DEQUANT": 2, "SCALE_AFTER_DOT": 1, "REDUCE_MODE": 1,
+            "REDUCE_BLOCK": 1024, "REDUCE_WARPS": 4, "num_warps": 4, "num_stages": 4}
 
 
 # Per-shape overrides: the first tier whose N and K ranges hold the shape updates the general configuration.
-# From the H200 sweep of 26 plans on the visible panel (2026-11-30 session 5, `make sweep`, evals/sweep_grid.json):
-# swap-AB, program-order words, N tile 64, the inline-PTX dequant and the one-launch split-K won on every case but
-# two, where they were within 1%. Only the number of programs split-K aims at differs by N. Eager us, this plan
-# against the draft's previous one (v40): 18x8192x8192 28.1 vs 52.9, 24x8192x28672 87.5 vs 155, 32x28672x8192 84.2
-# vs 189, 20x14336x4096 28.2 vs 53.4, 28x8192x10240 37.0 vs 68.6; expert-batch 12.9, 14.2, 12.7, 12.8, 17.4 vs
-# 23.1, 22.2, 21.8, 22.9, 25.8 (host-bound: about the cost of torch.empty and one launch on that machine).
+# H200 sweep of 16 plans (2026-11-30 session 5, .scratch grid of LAYOUT 3 against LAYOUT 2), eager us of the general
+# plan (LAYOUT 3, N tile 64, 4 stages, 396 programs) against the LAYOUT 2 plan it replaces: 18x8192x8192 21.2 vs
+# 28.3, 32x28672x8192 57.3 vs 84.6, 20x14336x4096 18.6 vs 28.4, 28x8192x10240 26.9 vs 37.4; expert-batch 14.4,
+# 14.8, 15.5, 15.2, 13.4 vs 14.2, 16.6, 14.8, 15.1, 16.8 (host-bound: eager above the 10-15 us of GPU time).
 TIERS = [
-    # expert-batch: N <= 2048, deep K: 4..32 N tiles, so nearly all programs come from split-K.
-    {"N_MIN": 256, "N_MAX": 2048, "K_MIN": 128, "K_MAX": 1 << 40, "MIN_PROGRAMS": 528},
-    # the widest outputs: 448 N tiles at N = 28672; two splits each beat one (87.5 vs 97.1 us).
-    {"N_MIN": 16384, "N_MAX": 1 << 40, "K_MIN": 128, "K_MAX": 1 << 40, "MIN_PROGRAMS": 528},
+    # the widest outputs: 448 N tiles at N = 28672; two splits each beat one (59.1 vs 62.3 us with LAYOUT 3).
+    {"N_MIN": 16384, "N_MAX": 1 << 40, "K_MIN": 128, "K_MAX": 1 << 40, "MIN_PROGRAMS": 528, "num_stages": 3},
 ]
 
 _TIER_RANGE_KEYS = ("N_MIN", "N_MAX", "K_MIN", "K_MAX")
