@@ -20,7 +20,9 @@ case_setup gate with the verifier's message; that is a panel problem to re-draw,
 A hidden ``--schedule smoke`` shrinks the schedule so that CPU tests of the whole pipeline finish; it never scores.
 
 Stabilizers (SPEC.md advice), on the verifier's side only: the cyclic garbage collector is disabled during the timed
-groups, and each timing role on CUDA pins itself to one core with os.sched_setaffinity where the OS has it.
+groups, and each timing role on CUDA pins itself to one core with os.sched_setaffinity where the OS has it. The hidden
+``--schedule spec-unpinned`` runs SPEC.md's schedule without the pinning, to measure what the pinning does to a
+host-bound candidate's dispersion; its report says so (``schedule``), and the verdict of record is the default.
 The input schedule is a pool of 512 distinct (x, residual) pairs (one per call of a timed group), drawn from the
 case's seed; before each timed group, outside its timed region, the pool is rewritten in place with the group's
 own seeded draw: identical for all three roles, fresh for each case and group, and no input pair (address,
@@ -42,6 +44,7 @@ from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 
+from evals import gates
 from evals import kernel_harness as kh
 from evals.gates import ROLE_GATES, SETUP_STAGE
 from evals.loader import resolve_solution_dir
@@ -51,7 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 V0_DIR = ROOT / "methods" / "versions" / "v0"
 ROLES = ("baseline_before", "candidate", "baseline_after")
 DISPERSION_LIMIT = 1.15
-ROLE_TIMEOUT_S = {"spec": 900, "smoke": 600}
+ROLE_TIMEOUT_S = {"spec": 900, "spec-unpinned": 900, "smoke": 600}
 PANEL_HOME = Path.home() / ".kloop" / "panels"
 PROTECTED_DIRS = ("methods", "workspace")  # the agent reads and writes these: no sealed panel may live there
 PER_STRATUM = 5
@@ -89,8 +92,6 @@ def role_main(argv: list[str]) -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     out = open(args.out, "w")  # opened before candidate code exists in this process
-    from evals import gates
-
     record = gates.run_role(resolve_solution_dir(args.solution), kh.Case(**json.loads(args.case)),
                             gates.SCHEDULES[args.schedule], args.timing)
     out.write(json.dumps(record, default=str))
@@ -256,6 +257,8 @@ def print_summary(report: dict) -> None:
         strata = ", ".join(f"{name} {'-' if v is None else f'{v:.3f}'}" for name, v in report["strata"].items())
         print(f"score by stratum (geomean): {strata}; score (harmonic mean): "
               f"{'-' if report['score'] is None else format(report['score'], '.3f')}")
+    if report["schedule"] == "spec-unpinned":
+        print("schedule: spec-unpinned (no one-core pinning): a measurement, not the verdict of record")
     print("verdict: " + ("valid" if report["valid"] else "NOT valid"))
 
 
@@ -324,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gates-only", action="store_true", help="every hard gate but the timing ones, quickly")
     parser.add_argument("--jobs", type=int, default=1,
                         help="with --gates-only: cases checked at once, each in its own process (default 1)")
-    parser.add_argument("--schedule", choices=("spec", "smoke"), default="spec", help=argparse.SUPPRESS)
+    parser.add_argument("--schedule", choices=tuple(gates.SCHEDULES), default="spec", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
         solution = resolve_solution_dir(args.solution)

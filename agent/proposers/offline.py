@@ -30,9 +30,10 @@ SEARCH_SPACE: dict[str, list] = {
     "SPLIT_K": [1, 2, 4, 8, 16],  # from 0 (where a solution documents 0 as its own choice) the nearest is 1
     "MIN_PROGRAMS": [132, 264, 396, 528],
     "SWAP_AB": [0, 1],
-    "LAYOUT": [0, 1, 2],
+    "LAYOUT": [0, 1, 2, 3],
     "UNPACK": [0, 1],
     "MAGIC": [0, 1],
+    "DEQUANT": [0, 1, 2],
     "SCALE_AFTER_DOT": [0, 1],
     "REDUCE_MODE": [0, 1],
     "REDUCE_BLOCK": [256, 512, 1024, 2048],
@@ -63,7 +64,28 @@ REASONS: dict[tuple[str, int], str] = {
     ("REDUCE_MODE", +1): "one launch and one allocation per call (atomic split-K sums, the last program's epilogue); "
                          "expect launch-bound cases faster",
     ("REDUCE_MODE", -1): "a second kernel sums the partials: no atomics, no kept accumulator",
+    ("LAYOUT", +1): "words repacked closer to the order the kernel reads them (3: each nibble where the MMA operand "
+                    "register holds it, so the dequantized tile skips shared memory)",
+    ("LAYOUT", -1): "a simpler word layout, in case the repacked one costs the compiler a layout conversion",
+    ("DEQUANT", +1): "fewer instructions per weight in the dequant (2: two codes per 32-bit operation in inline PTX)",
+    ("DEQUANT", -1): "a plainer dequant, in case the joined one costs a layout conversion",
 }
+# Knob combinations a solution refuses (its plan() raises): a proposal holding one is never made. Checked per table
+# on the values its shapes see (the general table updated by the table).
+CONFLICTS: list[tuple[str, Callable[[dict], bool]]] = [
+    ("LAYOUT 3 needs DEQUANT 1 or 2",
+     lambda c: c.get("SWAP_AB", 1) == 1 and c.get("LAYOUT") == 3 and c.get("DEQUANT") == 0),
+]
+
+
+def refused(tables: list) -> str | None:
+    """The first conflict some table of a proposal holds, else None."""
+    for table in tables:
+        seen = {**tables[0].entries, **table.entries}
+        for name, holds in CONFLICTS:
+            if holds(seen):
+                return name
+    return None
 
 
 class _Source(str):
@@ -278,7 +300,7 @@ class OfflineProposer:
                        key=lambda pair: (pair[0].rank[0] + pair[1].rank[0], pair[0].rank[1:], pair[1].rank[1:]))
         for moves in itertools.chain(((m,) for m in singles), pairs):
             proposal = render(source, tables, {(m.table, m.knob): m.value for m in moves})
-            if _sha(proposal) in tried:
+            if _sha(proposal) in tried or refused(find_tables(proposal)):
                 continue
             where = {m.table for m in moves}
             summary = " + ".join(f"{'' if m.table == 'config' else m.table + ' '}{m.knob} {m.current}->{m.value}" for m in moves)

@@ -195,10 +195,31 @@ def test_offline_search_edits_the_tier_of_the_weaker_stratum_and_skips_shadowed_
     assert not any("K_MIN" in s or "N_MAX" in s for s in seen)  # a tier's range is not a knob
 
 
+# The split-K draft's tables as ledger v40 had them: a general table and two tiers, one per orientation.
+TWO_TIERS = '''GROUP_SIZE = 128
+
+
+def get_config():
+    return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 264,
+            "SWAP_AB": 1, "LAYOUT": 0, "UNPACK": 0, "MAGIC": 1, "SCALE_AFTER_DOT": 1, "REDUCE_MODE": 0,
+            "REDUCE_BLOCK": 1024, "REDUCE_WARPS": 4, "num_warps": 4, "num_stages": 3}
+
+
+TIERS = [
+    {"N_MIN": 256, "N_MAX": 2048, "K_MIN": 128, "K_MAX": 1 << 40,
+     "BLOCK_SIZE_N": 64, "SPLIT_K": 0, "MIN_PROGRAMS": 264, "SWAP_AB": 0, "LAYOUT": 0, "REDUCE_MODE": 0,
+     "num_warps": 4, "num_stages": 3},
+    {"N_MIN": 4096, "N_MAX": 1 << 40, "K_MIN": 128, "K_MAX": 1 << 40,
+     "BLOCK_SIZE_N": 128, "SPLIT_K": 0, "MIN_PROGRAMS": 264, "SWAP_AB": 1, "LAYOUT": 2, "REDUCE_MODE": 0,
+     "num_warps": 4, "num_stages": 3},
+]
+'''
+
+
 def test_offline_search_leaves_out_knobs_that_decide_nothing():
     from agent.proposers.offline import find_tables, single_moves
 
-    tables = find_tables((ROOT / "methods" / "drafts" / "splitk" / "solution.py").read_text())
+    tables = find_tables(TWO_TIERS)
     assert [t.name for t in tables] == ["config", "TIERS[0]", "TIERS[1]"]
     moves = {(m.table, m.knob) for m in single_moves(tables, None)}
     # both tiers choose their split count (SPLIT_K 0), and with it the reduction
@@ -208,11 +229,27 @@ def test_offline_search_leaves_out_knobs_that_decide_nothing():
     assert ("config", "UNPACK") in moves  # the expert-batch tier (x @ W) takes the general value
     assert ("TIERS[1]", "LAYOUT") in moves and ("TIERS[0]", "LAYOUT") not in moves  # LAYOUT is swap-AB's alone
     assert ("config", "LAYOUT") not in moves  # the only swap-AB tier sets it
-    unsplit = (ROOT / "methods" / "drafts" / "splitk" / "solution.py").read_text().replace(
-        '"SPLIT_K": 0, "MIN_PROGRAMS": 264, "SWAP_AB"', '"SPLIT_K": 1, "MIN_PROGRAMS": 264, "SWAP_AB"')
+    unsplit = TWO_TIERS.replace('"SPLIT_K": 0, "MIN_PROGRAMS": 264, "SWAP_AB"', '"SPLIT_K": 1, "MIN_PROGRAMS": 264, "SWAP_AB"')
     assert unsplit.count('"SPLIT_K": 1, "MIN_PROGRAMS": 264, "SWAP_AB"') == 2  # no tier splits K any more
     moves = {(m.table, m.knob) for m in single_moves(find_tables(unsplit), None)}
     assert not {("TIERS[0]", "REDUCE_MODE"), ("TIERS[0]", "MIN_PROGRAMS"), ("TIERS[1]", "MIN_PROGRAMS")} & moves
+
+
+def test_offline_search_reads_the_drafts_tables_and_never_proposes_a_combination_it_refuses(tools):  # noqa: F811
+    from agent.proposers.offline import find_tables, refused
+
+    draft = (ROOT / "methods" / "drafts" / "splitk" / "solution.py").read_text()
+    tables = find_tables(draft)
+    assert tables[0].name == "config" and tables[0].entries["LAYOUT"] == 3 and tables[0].entries["DEQUANT"] == 2
+    assert refused(tables) is None
+    assert refused(find_tables(draft.replace('"DEQUANT": 2,', '"DEQUANT": 0,', 1))) == "LAYOUT 3 needs DEQUANT 1 or 2"
+    (tools.candidate / "solution.py").write_text(draft)
+    for _ in range(12):
+        proposal, submitted = propose(tools)
+        assert refused(find_tables(proposal)) is None, submitted.summary
+        assert "DEQUANT 2->0" not in submitted.summary  # with LAYOUT 3 in every table
+        mark_tried(tools, proposal)
+        (tools.candidate / "solution.py").write_text(draft)
 
 
 def test_offline_search_never_combines_a_move_that_failed_on_its_own(tools):  # noqa: F811

@@ -1,4 +1,5 @@
 """The sealed verifier as the lead runs it: real subprocesses, its table, its JSON report and its exit status."""
+import dataclasses
 import json
 import math
 import os
@@ -65,6 +66,18 @@ def test_the_full_pipeline_times_three_roles_and_scores_them(tmp_path, panel_fil
     if not torch.cuda.is_available():  # interpreter timings are never a valid submission
         assert run.returncode == 1 and not report["valid"] and "timing_sanity" in report["skipped"]
     assert "before_us" in run.stdout and "verdict:" in run.stdout
+
+
+def test_the_unpinned_schedule_is_specs_without_the_pinning(capsys):
+    spec, unpinned = gates.SCHEDULES["spec"], gates.SCHEDULES["spec-unpinned"]
+    assert spec.pin and not unpinned.pin and dataclasses.replace(unpinned, pin=True) == spec
+    assert set(verifier.ROLE_TIMEOUT_S) == set(gates.SCHEDULES)
+    report = {"skipped": {}, "gates": {}, "mode": "full", "strata": {}, "score": None, "valid": False,
+              "schedule": "spec-unpinned"}
+    verifier.print_summary(report)
+    assert "a measurement, not the verdict of record" in capsys.readouterr().out
+    verifier.print_summary(report | {"schedule": "spec"})
+    assert "measurement" not in capsys.readouterr().out
 
 
 def role(times, median=None):

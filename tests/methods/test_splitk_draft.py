@@ -39,7 +39,8 @@ def test_smoke_panel(case, mode):
     _check(case, mode)
 
 
-EXTRA = [(m, k, n, ep) for m in (1, 5, 18, 32, 40) for (k, n, ep) in ((384, 256, "silu"), (640, 512, "gelu_tanh"))]
+EXTRA = [(m, k, n, ep) for m in (1, 5, 18, 32, 40)
+         for (k, n, ep) in ((384, 256, "silu"), (640, 512, "gelu_tanh"), (128, 768, "silu"))]
 
 
 @pytest.mark.parametrize("mode", kh.MODES)
@@ -120,6 +121,7 @@ def test_operand_order_words_hold_every_code_where_the_kernel_unpacks_it():
     dst = torch.stack([(ordered >> (4 * i)) & 0xF for i in range(8)], 1).view(4, 128, 256)
     assert torch.equal(src.sort(1).values, dst.sort(1).values)
     assert torch.equal(S.repack(t.qweight, 3, 128), S.repack(ordered, 2, 128))
+    assert torch.equal(S._operand_order(t.qweight, chunk_bytes=1), ordered)  # one group at a time, same words
 
 
 def test_split_clamped_to_groups():

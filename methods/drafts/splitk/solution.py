@@ -400,18 +400,28 @@ def _operand_source(word, nibble):
     return 4 * q + 2 * c1 + e1, 2 * t + e0  # (source word in the group, source nibble)
 
 
-def _operand_order(qweight):
-    """The caller's (K // 8, N) words with each group's 128 codes per column permuted into LAYOUT 3's order."""
+def _operand_order(qweight, chunk_bytes=1 << 28):
+    """The caller's (K // 8, N) words with each group's 128 codes per column permuted into LAYOUT 3's order.
+
+    Works on int64 copies of about ``chunk_bytes`` at a time (groups in chunks), so a build's scratch stays bounded.
+    """
     words_k, n = qweight.shape
-    src = qweight.view(words_k // 16, 16, n).to(torch.int64)
-    out = torch.zeros_like(src)
+    groups = qweight.view(words_k // 16, 16, n)
+    ordered = torch.empty_like(groups)
+    rows, shifts = [], []
     for nibble in range(8):
         sources = [_operand_source(word, nibble) for word in range(16)]
-        rows = torch.tensor([j for j, _ in sources], device=qweight.device)
-        shifts = torch.tensor([4 * i for _, i in sources], device=qweight.device).view(1, 16, 1)
-        out |= ((src[:, rows, :] >> shifts) & 0xF) << (4 * nibble)
-    # back to int32 two's complement (nibble 7 sets bit 31)
-    return (out - ((out >> 31) << 32)).to(torch.int32).view(words_k, n)
+        rows.append(torch.tensor([j for j, _ in sources], device=qweight.device))
+        shifts.append(torch.tensor([4 * i for _, i in sources], device=qweight.device).view(1, 16, 1))
+    step = max(1, chunk_bytes // (16 * n * 8))
+    for start in range(0, groups.shape[0], step):
+        src = groups[start:start + step].to(torch.int64)
+        out = torch.zeros_like(src)
+        for nibble in range(8):
+            out |= ((src[:, rows[nibble], :] >> shifts[nibble]) & 0xF) << (4 * nibble)
+        # back to int32 two's complement (nibble 7 sets bit 31)
+        ordered[start:start + step] = (out - ((out >> 31) << 32)).to(torch.int32)
+    return ordered.view(words_k, n)
 
 
 def _check_weights(qweight, scales, bias, epilogue):
