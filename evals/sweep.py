@@ -1,6 +1,7 @@
 """Sweep a solution's tuning overrides over a panel on the GPU: correctness, eager latency, graph GPU time per plan.
 
-    python -m evals.sweep --solution methods/drafts/splitk --grid grid.json [--panel visible] [--jobs 12] [--json OUT]
+    python -m evals.sweep --solution methods/drafts/splitk --grid grid.json [--panel visible] [--jobs 12]
+                          [--pin] [--inputs N] [--json OUT]
 
 The grid is a JSON list of override dicts, each passed as ``build(..., config=overrides)`` on top of the plan the
 solution would choose itself (``{}`` is that plan). Candidate code runs only in child processes: first a pool of
@@ -11,7 +12,9 @@ after another, so that nothing else runs on the GPU or the CPU meanwhile. Per pa
 groups' max/min (the verifier fails a role over 1.15: host-bound plans are fast but may not pass), and the
 GPU time of one call replayed from a CUDA graph with the L2 hot and with the L2 flushed (as ``evals.bench``).
 The table lists, per case, every plan by eager time with its speedup over the solution's own plan; the JSON holds
-every number. A sweep is an exploration aid: what it finds enters the ledger only as an attempt the loop measures.
+every number. ``--pin`` times on one core and ``--inputs 512`` cycles through as many inputs as the verifier does:
+together they bring a host-bound plan's timing conditions nearer the verifier's (which also keeps every output).
+A sweep is an exploration aid: what it finds enters the ledger only as an attempt the loop measures.
 """
 from __future__ import annotations
 
@@ -42,13 +45,16 @@ def _check_pair(solution: str, case: kh.Case, overrides: dict) -> dict:
         return {"ok": False, "error": error_line(exc)}
 
 
-def _time_pairs(solution: str, pairs: list[tuple[kh.Case, dict]]) -> list[dict]:
-    """Child process: time each (case, overrides) in turn."""
+def _time_pairs(solution: str, pairs: list[tuple[kh.Case, dict]], pin: bool = False, inputs: int = 16) -> list[dict]:
+    """Child process: time each (case, overrides) in turn; with ``pin`` on one core, as the verifier's roles are."""
     import torch
 
     from evals import bench
+    from evals.gate_spies import pin_to_one_core
     from evals.loader import load_solution
 
+    if pin:
+        pin_to_one_core()
     module = load_solution(Path(solution))
     device = kh.select_device().device
     flush = torch.zeros(bench.FLUSH_BYTES, dtype=torch.uint8, device=device)
@@ -58,7 +64,7 @@ def _time_pairs(solution: str, pairs: list[tuple[kh.Case, dict]]) -> list[dict]:
             cached.clear()
             torch.cuda.empty_cache()
             weights = kh.generate(case_obj, "normal", device)
-            cached[case_obj.name] = (weights, kh.make_inputs(case_obj, 16, seed=5, device=device))
+            cached[case_obj.name] = (weights, kh.make_inputs(case_obj, inputs, seed=5, device=device))
         weights, inputs = cached[case_obj.name]
         row = {"case": case_obj.name, "overrides": overrides}
         try:
@@ -83,7 +89,7 @@ def _time_pairs(solution: str, pairs: list[tuple[kh.Case, dict]]) -> list[dict]:
     return results
 
 
-def run(solution: str, grid: list[dict], panel: str, jobs: int, log=print) -> dict:
+def run(solution: str, grid: list[dict], panel: str, jobs: int, log=print, pin: bool = False, inputs: int = 16) -> dict:
     info = kh.select_device()
     if info.device.type != "cuda":
         raise RuntimeError("the sweep needs a CUDA GPU (" + info.message + ")")
@@ -98,8 +104,9 @@ def run(solution: str, grid: list[dict], panel: str, jobs: int, log=print) -> di
         log(f"failed: {row['case']} {json.dumps(row['overrides'])}: {row['error']}")
     passed = [pair for pair, check in zip(pairs, checks) if check["ok"]]
     with context.Pool(1) as pool:
-        timed = pool.apply(_time_pairs, (solution, passed))
-    return {"device": info.message, "solution": solution, "grid": grid, "failed": failed, "timed": timed}
+        timed = pool.apply(_time_pairs, (solution, passed, pin, inputs))
+    return {"device": info.message, "solution": solution, "grid": grid, "pinned": pin, "inputs": inputs,
+            "failed": failed, "timed": timed}
 
 
 def table(result: dict) -> str:
@@ -129,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grid", required=True, help="JSON file: a list of override dicts ({} is the own plan)")
     parser.add_argument("--panel", default="visible", help="visible, smoke or a panel file (default visible)")
     parser.add_argument("--jobs", type=int, default=8, help="processes that build and check in parallel (default 8)")
+    parser.add_argument("--pin", action="store_true", help="time on one core, as the verifier's roles do")
+    parser.add_argument("--inputs", type=int, default=16,
+                        help="distinct (x, residual) pairs cycled through (default 16; the verifier uses 512)")
     parser.add_argument("--json", help="write every number here")
     args = parser.parse_args(argv)
     try:
@@ -139,11 +149,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--grid must hold a JSON list of objects (override dicts)")
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1; got {args.jobs}")
+    if args.inputs < 1:
+        parser.error(f"--inputs must be at least 1; got {args.inputs}")
     from evals.loader import resolve_solution_dir
 
     try:
         solution = str(resolve_solution_dir(args.solution))
-        result = run(solution, grid, args.panel, args.jobs)
+        result = run(solution, grid, args.panel, args.jobs, pin=args.pin, inputs=args.inputs)
     except (FileNotFoundError, RuntimeError, ValueError) as exc:
         print(f"sweep: {exc}", file=sys.stderr)
         return 2

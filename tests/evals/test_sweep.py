@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from evals import kernel_harness as kh
@@ -51,6 +52,8 @@ def test_cli_usage_errors(tmp_path):
     good.write_text(json.dumps([{}]))
     run = run_cli("--solution", DRAFT, "--grid", str(good), "--jobs", "0")
     assert run.returncode == 2 and "--jobs must be at least 1" in run.stderr
+    run = run_cli("--solution", DRAFT, "--grid", str(good), "--inputs", "0")
+    assert run.returncode == 2 and "--inputs must be at least 1" in run.stderr
     run = run_cli("--solution", str(tmp_path), "--grid", str(good))
     assert run.returncode == 2 and "no solution.py" in run.stderr
     if not torch.cuda.is_available():
@@ -66,3 +69,18 @@ def test_the_shipped_grid_names_only_knobs_the_draft_plans_with():
     for overrides in grid:
         assert set(overrides) <= knobs, set(overrides) - knobs
         module.plan(24, 8192, 4096, overrides)  # a plan the draft accepts (BLOCK_SIZE_K stays the group)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the sweep times on a CUDA GPU")
+def test_pinned_sweep_with_the_verifiers_input_count_times_and_says_so(tmp_path):
+    grid = tmp_path / "grid.json"
+    grid.write_text(json.dumps([{}]))
+    out = tmp_path / "sweep.json"
+    run = run_cli("--solution", DRAFT, "--grid", str(grid), "--panel", "smoke", "--jobs", "2", "--pin", "--inputs", "32",
+                  "--json", str(out))
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["pinned"] is True and result["inputs"] == 32 and not result["failed"]
+    assert len(result["timed"]) == len(kh.load_panel("smoke"))
+    assert all(row["eager_us"] > 0 and row["correct_after"] for row in result["timed"])
