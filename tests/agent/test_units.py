@@ -229,7 +229,8 @@ def test_offline_search_leaves_out_knobs_that_decide_nothing():
     assert ("config", "UNPACK") in moves  # the expert-batch tier (x @ W) takes the general value
     assert ("TIERS[1]", "LAYOUT") in moves and ("TIERS[0]", "LAYOUT") not in moves  # LAYOUT is swap-AB's alone
     assert ("config", "LAYOUT") not in moves  # the only swap-AB tier sets it
-    unsplit = TWO_TIERS.replace('"SPLIT_K": 0, "MIN_PROGRAMS": 264, "SWAP_AB"', '"SPLIT_K": 1, "MIN_PROGRAMS": 264, "SWAP_AB"')
+    unsplit = TWO_TIERS.replace('"SPLIT_K": 0, "MIN_PROGRAMS": 264, "SWAP_AB"',
+                                '"SPLIT_K": 1, "MIN_PROGRAMS": 264, "SWAP_AB"')
     assert unsplit.count('"SPLIT_K": 1, "MIN_PROGRAMS": 264, "SWAP_AB"') == 2  # no tier splits K any more
     moves = {(m.table, m.knob) for m in single_moves(find_tables(unsplit), None)}
     assert not {("TIERS[0]", "REDUCE_MODE"), ("TIERS[0]", "MIN_PROGRAMS"), ("TIERS[1]", "MIN_PROGRAMS")} & moves

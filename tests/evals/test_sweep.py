@@ -77,8 +77,8 @@ def test_pinned_sweep_with_the_verifiers_input_count_times_and_says_so(tmp_path)
     grid = tmp_path / "grid.json"
     grid.write_text(json.dumps([{}]))
     out = tmp_path / "sweep.json"
-    run = run_cli("--solution", DRAFT, "--grid", str(grid), "--panel", "smoke", "--jobs", "2", "--pin", "--inputs", "32",
-                  "--json", str(out))
+    run = run_cli("--solution", DRAFT, "--grid", str(grid), "--panel", "smoke", "--jobs", "2", "--pin",
+                  "--inputs", "32", "--json", str(out))
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(out.read_text())
     assert result["pinned"] is True and result["inputs"] == 32 and not result["failed"]

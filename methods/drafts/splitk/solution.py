@@ -24,8 +24,9 @@ Design:
   broadcast shift and a reshape (row 8j + i is nibble i of word j); UNPACK 1 loads the word of every row, as v0 does.
   MAGIC 1 turns codes into fp16 through the 0x6400 exponent trick. DEQUANT 2 does that for two codes per 32-bit
   operation in inline PTX (lop3, then one f16x2 subtraction): 2.7x fewer instructions in the sm90 loop than the
-  per-weight shifts of DEQUANT 0, and no scalar shared-memory traffic for the words. SCALE_AFTER_DOT 1 feeds the integer-valued codes
-  minus 8 (exact in fp16) to tl.dot and multiplies the fp32 partial by the group's scale; 0 scales the fp16 tile first.
+  per-weight shifts of DEQUANT 0, and no scalar shared-memory traffic for the words. SCALE_AFTER_DOT 1 feeds the
+  integer-valued codes minus 8 (exact in fp16) to tl.dot and multiplies the fp32 partial by the group's scale; 0
+  scales the fp16 tile first.
 - Split-K, REDUCE_MODE 0 (no atomics): with SPLIT_K > 1 the main kernel writes fp32 partials to a per-call workspace
   (SPLIT_K, M, N) and a second kernel sums them and applies bias, activation and residual. With SPLIT_K == 1 the main
   kernel applies the epilogue itself (one launch). Split s covers groups [s*G // S, (s+1)*G // S).
@@ -77,7 +78,7 @@ def get_config():
 
 
 # Per-shape overrides: the first tier whose N and K ranges hold the shape updates the general configuration.
-# H200 sweep of 16 plans (2026-11-30 session 5, .scratch grid of LAYOUT 3 against LAYOUT 2), eager us of the general
+# H200 sweep of 16 plans (2026-11-30, evals/sweep_grid.json: LAYOUT 3 against LAYOUT 2), eager us of the general
 # plan (LAYOUT 3, N tile 64, 4 stages, 396 programs) against the LAYOUT 2 plan it replaces: 18x8192x8192 21.2 vs
 # 28.3, 32x28672x8192 57.3 vs 84.6, 20x14336x4096 18.6 vs 28.4, 28x8192x10240 26.9 vs 37.4; expert-batch 14.4,
 # 14.8, 15.5, 15.2, 13.4 vs 14.2, 16.6, 14.8, 15.1, 16.8 (host-bound: eager above the 10-15 us of GPU time).
@@ -180,7 +181,7 @@ def _join8(n0, n1, n2, n3, n4, n5, n6, n7):
 
 @triton.jit
 def _unpack_words(words, MAGIC: tl.constexpr, DEQUANT: tl.constexpr):
-    """int32 words [R, W] -> fp16 [R, W, 8] of code - 8, element [r, w, i] from nibble i (bits 4i..4i+3) of words[r, w].
+    """int32 words [R, W] -> fp16 [R, W, 8] of code - 8: element [r, w, i] from bits 4i..4i+3 of words[r, w].
 
     DEQUANT 1: eight shift-and-mask passes over the words, joined (pure Triton: what the interpreter runs).
     DEQUANT 2: the same values from one inline-PTX sequence per word (compiled CUDA only; build passes 1 elsewhere).
@@ -257,10 +258,10 @@ def w4a16_main_kernel(
             else:
                 w = _unpack_words(words, MAGIC, DEQUANT)  # [BLOCK_SIZE_N, 16, 8]
                 if LAYOUT == 3:
-                    # word 4t + q, nibble 4 e0 + 2 e1 + c1 holds row k = 32q + 16 c1 + 8 e1 + 2t + e0 of the group
-                    # (repack): put the nibbles in row order. In the wgmma operand layout thread t of a quad holds
-                    # rows 2t + e0 (+8 e1, +16 c) of its two tile columns, so the unpacked words already sit there,
-                    # each f16x2 pair of the dequant in one operand register: no trip through shared memory.
+                    # word 4t + q, nibble 4 e0 + 2 e1 + c1 holds the group's k = 32q + 16 c1 + 8 e1 + 2t + e0
+                    # (repack): put the nibbles in k order, the tile's columns. In the wgmma operand layout lane t of
+                    # each quad holds columns 2t + e0 + 8 e1 + 16 c of its two rows, so the unpacked words already
+                    # sit there, each f16x2 pair of the dequant one operand register: no trip through shared memory.
                     w = tl.permute(tl.reshape(w, (BLOCK_SIZE_N, 4, 4, 2, 2, 2)), (0, 2, 5, 4, 1, 3))
                 w = tl.reshape(w, (BLOCK_SIZE_N, BLOCK_SIZE_K))
             scale = tl.load(s_ptrs)
@@ -363,7 +364,10 @@ def _launcher(kernel, grid, device_index):
     """
     if hasattr(kernel, "result"):
         kernel = kernel.result()
-    kernel._init_handles()
+    init = getattr(kernel, "_init_handles", None)
+    if init is None:
+        return kernel[grid]
+    init()  # loads the module and sets function and run
     run = getattr(kernel, "run", None)
     function = getattr(kernel, "function", None)
     packed = getattr(kernel, "packed_metadata", None)
@@ -467,7 +471,8 @@ def build(qweight, scales, bias, epilogue, config=None):
         one_launch = split_k > 1 and cfg["REDUCE_MODE"] == 1
         dequant = cfg["DEQUANT"] if compiled_path else min(cfg["DEQUANT"], 1)  # inline PTX needs a compiled kernel
         main_tail = (M, N, K, activation, split_k, cfg["SWAP_AB"], layout, cfg["UNPACK"], cfg["MAGIC"],
-                     cfg["SCALE_AFTER_DOT"], cfg["REDUCE_MODE"], dequant, cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], GROUP_SIZE)
+                     cfg["SCALE_AFTER_DOT"], cfg["REDUCE_MODE"], dequant, cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"],
+                     GROUP_SIZE)
         main_opts = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
         total = M * N
         reduce_block = cfg["REDUCE_BLOCK"]
