@@ -38,6 +38,7 @@ SEARCH_SPACE: dict[str, list] = {
     "REDUCE_MODE": [0, 1],
     "REDUCE_BLOCK": [256, 512, 1024, 2048],
     "REDUCE_WARPS": [2, 4, 8],
+    "LAUNCH": [1, 2],
 }
 # one scale row per K step: BLOCK_SIZE_K must stay the quantization group; a tier's range is what it covers, not a knob
 FIXED = {"BLOCK_SIZE_K", "GROUP_SIZE", "N_MIN", "N_MAX", "K_MIN", "K_MAX"}
@@ -69,6 +70,9 @@ REASONS: dict[tuple[str, int], str] = {
     ("LAYOUT", -1): "a simpler word layout, in case the repacked one costs the compiler a layout conversion",
     ("DEQUANT", +1): "fewer instructions per weight in the dequant (2: two codes per 32-bit operation in inline PTX)",
     ("DEQUANT", -1): "a plainer dequant, in case the joined one costs a layout conversion",
+    ("LAUNCH", +1): "integer addresses straight to the launcher's C entry: less host time per call; expect the "
+                    "host-bound expert-batch cases faster and steadier",
+    ("LAUNCH", -1): "tensors through the compiled kernel's launcher, which checks every pointer with the driver",
 }
 # Knob combinations a solution refuses (its plan() raises): a proposal holding one is never made. Checked per table
 # on the values its shapes see (the general table updated by the table).

@@ -68,9 +68,13 @@ NOSWAP = {"SWAP_AB": 0, "BLOCK_SIZE_N": 64}
     SWAP | {"LAYOUT": 2, "BLOCK_SIZE_N": 256, "MAGIC": 0, "SCALE_AFTER_DOT": 0},
     SWAP | {"LAYOUT": 1, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_M": 16, "SPLIT_K": 2, "REDUCE_MODE": 1},
     SWAP | {"LAYOUT": 2, "DEQUANT": 1, "SPLIT_K": 2, "REDUCE_MODE": 1}, SWAP | {"DEQUANT": 1, "MAGIC": 0},
-    SWAP | {"LAYOUT": 2, "DEQUANT": 2, "BLOCK_SIZE_N": 64}, NOSWAP | {"DEQUANT": 1}, NOSWAP | {"DEQUANT": 2, "MAGIC": 0},
+    SWAP | {"LAYOUT": 2, "DEQUANT": 2, "BLOCK_SIZE_N": 64}, NOSWAP | {"DEQUANT": 1},
+    NOSWAP | {"DEQUANT": 2, "MAGIC": 0},
     SWAP | {"LAYOUT": 3, "DEQUANT": 1, "SPLIT_K": 2, "REDUCE_MODE": 1}, SWAP | {"LAYOUT": 3, "DEQUANT": 2, "MAGIC": 0},
     SWAP | {"LAYOUT": 3, "DEQUANT": 2, "BLOCK_SIZE_N": 64, "SPLIT_K": 1}, SWAP | {"LAYOUT": 3, "BLOCK_SIZE_N": 256},
+    # LAUNCH 2 (bare addresses) changes only the compiled CUDA path; the interpreter runs these like LAUNCH 1
+    {"LAUNCH": 2, "SPLIT_K": 3, "REDUCE_MODE": 1}, {"LAUNCH": 2, "SPLIT_K": 1},
+    {"LAUNCH": 2, "SPLIT_K": 2, "REDUCE_MODE": 0},
     NOSWAP | {"UNPACK": 1}, NOSWAP | {"MAGIC": 0}, NOSWAP | {"UNPACK": 1, "MAGIC": 0, "SPLIT_K": 2},
     NOSWAP | {"SCALE_AFTER_DOT": 0}, NOSWAP | {"SCALE_AFTER_DOT": 0, "UNPACK": 1, "MAGIC": 0},
     NOSWAP | {"BLOCK_SIZE_N": 128, "SPLIT_K": 2}, NOSWAP | {"BLOCK_SIZE_N": 256}, NOSWAP | {"BLOCK_SIZE_M": 16},
@@ -212,6 +216,13 @@ def test_validation_errors():
         fn(t.x, t.residual[:5])
     with pytest.raises(ValueError):
         fn(t.x, t.residual.float())
+    if DEVICE.type == "cuda":  # this M's launch exists: later calls still check where x lives (LAUNCH 2 passes
+        fn(t.x, t.residual)    # bare addresses, which the launcher cannot check)
+        with pytest.raises(ValueError, match="must be on"):
+            fn(t.x.cpu(), t.residual)
+    else:  # the interpreter reads tensors, never addresses: the first call of an M checks the devices
+        with pytest.raises(ValueError, match="must be on"):
+            S.build(t.qweight, t.scales, t.bias, "silu")(t.x.to("meta"), t.residual.to("meta"))
     with pytest.raises(ValueError, match="LAYOUT 3 needs DEQUANT"):  # its nibbles are not in row order
         S.build(t.qweight, t.scales, t.bias, "silu", config={"SWAP_AB": 1, "LAYOUT": 3, "DEQUANT": 0})
 

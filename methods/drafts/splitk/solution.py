@@ -39,7 +39,9 @@ Design:
   and after timing. The adds land in any order, so a repeated call may differ in the last bits of fp32 rounding.
 - Host path: per M, the plan, the grid and a compiled-kernel launcher (CUDA, not interpreted) are built once; a call
   is a few checks, torch.empty for the output (and the workspace when split) and one or two launches, each straight
-  through the compiled kernel's launcher on the current stream.
+  through the compiled kernel's launcher on the current stream. LAUNCH 2 (not yet measured on a GPU) passes integer
+  addresses to the launcher's C entry instead of tensors, which costs a data_ptr() call and a driver pointer query
+  per tensor argument in triton 3.6: eight per call on the one-launch path.
 Build keeps references to the caller's tensors and, with SWAP_AB and LAYOUT 1, 2 or 3, a repacked copy of the words
 (K*N/2 bytes, the contract's int4 allowance); REDUCE_MODE 1 keeps its accumulator and counters (4*M*N + 4*tiles bytes)
 for the latest M only.
@@ -72,9 +74,12 @@ def get_config():
     # REDUCE_MODE (with SPLIT_K > 1) 0: partials to a per-call workspace and a second kernel for the sum and the
     # epilogue; 1: one launch, partials added atomically into a kept fp32 accumulator, the last program of a tile
     # applies the epilogue.
+    # LAUNCH (compiled CUDA, one-launch paths) 1: tensors through the compiled kernel's launcher, which asks each
+    # tensor for data_ptr() and the driver for its pointer attributes; 2: integer addresses (the weights' taken once at
+    # build) straight to the launcher's C entry: less host time per call. The interpreter ignores it.
     return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 396,
             "SWAP_AB": 1, "LAYOUT": 3, "UNPACK": 0, "MAGIC": 1, "DEQUANT": 2, "SCALE_AFTER_DOT": 1, "REDUCE_MODE": 1,
-            "REDUCE_BLOCK": 1024, "REDUCE_WARPS": 4, "num_warps": 4, "num_stages": 4}
+            "REDUCE_BLOCK": 1024, "REDUCE_WARPS": 4, "LAUNCH": 1, "num_warps": 4, "num_stages": 4}
 
 
 # Per-shape overrides: the first tier whose N and K ranges hold the shape updates the general configuration.
@@ -355,12 +360,13 @@ def w4a16_reduce_kernel(
 
 
 # ------------------------------------------------------------------------------------------------ host
-def _launcher(kernel, grid, device_index):
+def _launcher(kernel, grid, device_index, bare=False):
     """``launch(*args)`` for a compiled kernel: its launcher called directly on the device's current stream.
 
     This is what ``CompiledKernel.__getitem__(grid)(*args)`` does in triton 3.6 without the per-call device query and
-    launch-hook lookups (so launch hooks, such as a profiler's, do not see these launches). Other versions take the
-    public path.
+    launch-hook lookups (so launch hooks, such as a profiler's, do not see these launches). With ``bare``, and when the
+    kernel needs no global or profile scratch, the launcher's C entry is called without its Python wrapper. Other
+    versions take the public path.
     """
     if hasattr(kernel, "result"):
         kernel = kernel.result()
@@ -375,6 +381,15 @@ def _launcher(kernel, grid, device_index):
         return kernel[grid]
     current_stream = driver.active.get_current_stream
     g0, g1, g2 = grid
+    entry = getattr(run, "launch", None)
+    if bare and entry is not None and getattr(run, "global_scratch_size", None) == 0 \
+            and getattr(run, "profile_scratch_size", None) == 0:
+        cooperative, pdl = run.launch_cooperative_grid, run.launch_pdl
+
+        def launch(*args):  # the arguments CudaLauncher.__call__ passes when there is no scratch to allocate
+            entry(g0, g1, g2, current_stream(device_index), function, cooperative, pdl, None, None, packed, None, None,
+                  None, *args)
+        return launch
 
     def launch(*args):
         run(g0, g1, g2, current_stream(device_index), function, packed, None, None, None, *args)
@@ -520,7 +535,20 @@ def build(qweight, scales, bias, epilogue, config=None):
         # warmup compiles without launching: the accumulator and the counters stay at zero
         main = w4a16_main_kernel.warmup(x, words, scales, bias, residual, out, ws, cnt, *main_tail, grid=grid,
                                         **main_opts)
-        run_main = _launcher(main, grid, device_index)
+        raw = cfg["LAUNCH"] == 2 and (split_k == 1 or one_launch)
+        run_main = _launcher(main, grid, device_index, bare=raw)
+        if raw:
+            # integer addresses: build holds words, scales and bias, this closure the accumulator and counters
+            w_ptr, s_ptr, b_ptr = words.data_ptr(), scales.data_ptr(), bias.data_ptr()
+            a_ptr, c_ptr = (accumulator.data_ptr(), counters.data_ptr()) if one_launch else (0, 0)
+
+            def call(x, residual):
+                out = torch.empty(out_shape, dtype=f16, device=device)
+                o_ptr = out.data_ptr()
+                run_main(x.data_ptr(), w_ptr, s_ptr, b_ptr, residual.data_ptr(), o_ptr,
+                         a_ptr if one_launch else o_ptr, c_ptr if one_launch else o_ptr, *main_tail)
+                return out
+            return call
         if split_k == 1:
             def call(x, residual):
                 out = torch.empty(out_shape, dtype=f16, device=device)
@@ -553,6 +581,9 @@ def build(qweight, scales, bias, epilogue, config=None):
             raise ValueError(f"residual must be fp16 ({M}, {N}); got {residual.dtype} {tuple(residual.shape)}")
         if M == 0:
             raise ValueError("x must have at least one row")
+        # on every call, not only the first for this M: LAUNCH 2 passes bare addresses, which nothing else checks
+        if x.get_device() != device_index or residual.get_device() != device_index:
+            raise ValueError(f"x and residual must be on {device}; got {x.device} and {residual.device}")
         # The kernels assume contiguous rows and 16-byte aligned bases (compiled that way); copy anything else.
         if not x.is_contiguous() or x.data_ptr() & 15:
             x = x.clone(memory_format=torch.contiguous_format)
