@@ -74,7 +74,7 @@ NOSWAP = {"SWAP_AB": 0, "BLOCK_SIZE_N": 64}
     SWAP | {"LAYOUT": 3, "DEQUANT": 2, "BLOCK_SIZE_N": 64, "SPLIT_K": 1}, SWAP | {"LAYOUT": 3, "BLOCK_SIZE_N": 256},
     # LAUNCH 2 (bare addresses) changes only the compiled CUDA path; the interpreter runs these like LAUNCH 1
     {"LAUNCH": 2, "SPLIT_K": 3, "REDUCE_MODE": 1}, {"LAUNCH": 2, "SPLIT_K": 1},
-    {"LAUNCH": 2, "SPLIT_K": 2, "REDUCE_MODE": 0},
+    {"LAUNCH": 2, "SPLIT_K": 2, "REDUCE_MODE": 0}, {"DEQUANT": 3}, NOSWAP | {"DEQUANT": 3},
     NOSWAP | {"UNPACK": 1}, NOSWAP | {"MAGIC": 0}, NOSWAP | {"UNPACK": 1, "MAGIC": 0, "SPLIT_K": 2},
     NOSWAP | {"SCALE_AFTER_DOT": 0}, NOSWAP | {"SCALE_AFTER_DOT": 0, "UNPACK": 1, "MAGIC": 0},
     NOSWAP | {"BLOCK_SIZE_N": 128, "SPLIT_K": 2}, NOSWAP | {"BLOCK_SIZE_N": 256}, NOSWAP | {"BLOCK_SIZE_M": 16},
@@ -281,7 +281,7 @@ def test_every_visible_plan_compiles_for_hopper_within_shared_memory():
         if kernel["reduce_mode"] == 1:  # the race ledger v39 ran into: zeroing sums another thread has not read
             assert kernel["barrier_after_reads"], kernel
         # DEQUANT 2's inline PTX reaches the machine code (ptxas assembled it); the interpreter runs DEQUANT 1 instead
-        assert kernel["f16x2_dequant"] == (kernel["dequant"] == 2), kernel
+        assert kernel["f16x2_dequant"] == (kernel["dequant"] >= 2), kernel
         if kernel["layout"] == 3:  # the unpacked words are the wgmma operand: no shared-memory round trip
             assert not kernel["ldmatrix"], kernel
-    assert any(kernel["dequant"] == 2 for kernel in compiled)
+    assert any(kernel["dequant"] >= 2 for kernel in compiled)

@@ -68,7 +68,8 @@ def get_config():
     # MAGIC 1: int -> fp16 through the 0x6400 exponent trick; 0: plain conversion.
     # DEQUANT (with UNPACK 0) 0: one shift per weight over a broadcast word tile; 1: eight shift-and-mask passes over
     # the words, joined; 2: one inline-PTX sequence per word, two weights per 32-bit operation (compiled CUDA only: the
-    # interpreter and other devices run DEQUANT 1, which computes the same values).
+    # interpreter and other devices run DEQUANT 1, which computes the same values); 3: as 2 with one shift per word
+    # instead of three (9 instructions per 8 weights instead of 11; not yet measured on a GPU).
     # SCALE_AFTER_DOT 1: the group's scale multiplies the fp32 partial product; 0: it multiplies the fp16 weight tile
     # before the dot (as v0 does).
     # REDUCE_MODE (with SPLIT_K > 1) 0: partials to a per-call workspace and a second kernel for the sum and the
@@ -174,6 +175,32 @@ mov.b32 {$3, $7}, t3;
 """)
 
 
+# DEQUANT 3: the same eight values with one shift instead of three. Nibbles 1, 3, 5 and 7 are masked where they lie
+# (bits 4..7 of each half), which reads as 1024 + 16 code under the exponent; one f16x2 fma by 1/16 (0x2C00) minus 72
+# (0xD480) gives code - 8, exact (the operands and the result are small integers or powers of two).
+_DEQUANT_PTX_ONE_SHIFT = tl.constexpr("""
+{
+.reg .b32 t0, t1, t2, t3, s, m, f, b;
+mov.b32 m, 0x64086408;
+mov.b32 f, 0x2C002C00;
+mov.b32 b, 0xD480D480;
+shr.u32 s, $8, 8;
+lop3.b32 t0, $8, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 t1, $8, 0x00F000F0, 0x64006400, 0xEA;
+lop3.b32 t2, s, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 t3, s, 0x00F000F0, 0x64006400, 0xEA;
+sub.f16x2 t0, t0, m;
+fma.rn.f16x2 t1, t1, f, b;
+sub.f16x2 t2, t2, m;
+fma.rn.f16x2 t3, t3, f, b;
+mov.b32 {$0, $4}, t0;
+mov.b32 {$1, $5}, t1;
+mov.b32 {$2, $6}, t2;
+mov.b32 {$3, $7}, t3;
+}
+""")
+
+
 @triton.jit
 def _join8(n0, n1, n2, n3, n4, n5, n6, n7):
     """Eight [R, W] tensors -> [R, W, 8], element [r, w, i] from n_i.
@@ -189,11 +216,16 @@ def _unpack_words(words, MAGIC: tl.constexpr, DEQUANT: tl.constexpr):
     """int32 words [R, W] -> fp16 [R, W, 8] of code - 8: element [r, w, i] from bits 4i..4i+3 of words[r, w].
 
     DEQUANT 1: eight shift-and-mask passes over the words, joined (pure Triton: what the interpreter runs).
-    DEQUANT 2: the same values from one inline-PTX sequence per word (compiled CUDA only; build passes 1 elsewhere).
+    DEQUANT 2, 3: the same values from one inline-PTX sequence per word (compiled CUDA only; build passes 1
+    elsewhere); 3 shifts once instead of three times.
     """
-    if DEQUANT == 2:
+    if DEQUANT >= 2:
+        if DEQUANT == 2:
+            asm: tl.constexpr = _DEQUANT_PTX
+        else:
+            asm: tl.constexpr = _DEQUANT_PTX_ONE_SHIFT
         n0, n1, n2, n3, n4, n5, n6, n7 = tl.inline_asm_elementwise(
-            _DEQUANT_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r", [words], dtype=(tl.int16,) * 8, is_pure=True, pack=1)
+            asm, "=h,=h,=h,=h,=h,=h,=h,=h,r", [words], dtype=(tl.int16,) * 8, is_pure=True, pack=1)
         codes = _join8(n0, n1, n2, n3, n4, n5, n6, n7)
         return codes.to(tl.float16, bitcast=True)
     else:
