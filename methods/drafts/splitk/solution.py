@@ -84,8 +84,8 @@ def get_config():
 
 
 # Per-shape overrides: the first tier whose N and K ranges hold the shape updates the general configuration.
-# H200 sweep of 16 plans (2026-11-30, evals/sweep_grid.json: LAYOUT 3 against LAYOUT 2), eager us of the general
-# plan (LAYOUT 3, N tile 64, 4 stages, 396 programs) against the LAYOUT 2 plan it replaces: 18x8192x8192 21.2 vs
+# H200 sweep of 16 plans (2026-11-30, LAYOUT 3 against LAYOUT 2: reports/examples/h200-splitk-sweeps), eager us of
+# the plan (LAYOUT 3, N tile 64, 4 stages, 396 programs) against the LAYOUT 2 plan it replaces: 18x8192x8192 21.2 vs
 # 28.3, 32x28672x8192 57.3 vs 84.6, 20x14336x4096 18.6 vs 28.4, 28x8192x10240 26.9 vs 37.4; expert-batch 14.4,
 # 14.8, 15.5, 15.2, 13.4 vs 14.2, 16.6, 14.8, 15.1, 16.8 (host-bound: eager above the 10-15 us of GPU time).
 TIERS = [
