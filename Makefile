@@ -75,5 +75,5 @@ clean-workspace: ## remove the worktrees of finished runs (branches, versions an
 report: ## regenerate a run's report: RUN=<run-id>
 	$(PY) -m agent report $(RUN)
 
-promote: ## check vN again and copy it into methods/main: V=N [FORCE=1] [NOTE="why"]
-	$(PY) -m agent promote v$(V) $(if $(FORCE),--force) $(if $(NOTE),--note "$(NOTE)")
+promote: ## check vN again and copy it into methods/main: V=N [VERIFY=1 (full verifier, GPU)] [FORCE=1] [NOTE="why"]
+	$(PY) -m agent promote v$(V) $(if $(VERIFY),--verify) $(if $(FORCE),--force) $(if $(NOTE),--note "$(NOTE)")

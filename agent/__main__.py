@@ -192,7 +192,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_promote(args: argparse.Namespace) -> int:
     panel = str(Path(args.panel).resolve()) if args.panel and args.panel not in ("visible", "smoke") else args.panel
-    return promote(Task(root=ROOT), args.version, has_cuda(), args.force, panel, note=" ".join(args.note.split()))
+    return promote(Task(root=ROOT), args.version, has_cuda(), args.force, panel, note=" ".join(args.note.split()),
+                   verify=args.verify)
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
@@ -237,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     promote_cmd.add_argument("--force", action="store_true", help="promote even if a check fails (recorded in the ledger)")
     promote_cmd.add_argument("--panel", help="visible, smoke or a panel JSON file (default visible, smoke without CUDA)")
     promote_cmd.add_argument("--note", default="", help="why, written into the promotion's ledger row")
+    promote_cmd.add_argument("--verify", action="store_true",
+                             help="also run the full verifier (timing gates included; a GPU, minutes) before promoting")
     args = parser.parse_args(argv)
     commands_by_name = {"run": cmd_run, "submit": cmd_submit, "status": cmd_status, "clean-workspace": cmd_clean, "report": cmd_report,
                         "promote": cmd_promote}

@@ -40,6 +40,7 @@ class Task:
     """Wall-clock limit of each evaluator subprocess; on expiry its whole process group is killed."""
     policy_cmd: tuple[str, ...] = ("-m", "evals.policy")
     gates_cmd: tuple[str, ...] = ("-m", "evals.verifier", "--gates-only", "--jobs", "3")  # untimed: 3 cases at once
+    verify_cmd: tuple[str, ...] = ("-m", "evals.verifier")  # the full judge, three timed roles per case
     gates_module: str = "evals/verifier.py"
     """The gates stage runs only when this file exists in the main checkout."""
     selfcheck_cmd: tuple[str, ...] = ("-m", "evals.selfcheck")

@@ -34,6 +34,14 @@ class Stage:
                 "note": self.note}
 
 
+def _failed_gates(report: dict) -> str:
+    """The failed gates of a verifier report, per case, with their first evidence."""
+    failed = [f"{c['case']['name']}: {gate}: {'; '.join(map(str, c['gates'][gate]['evidence'][:1]))[:300]}"
+              for c in report.get("cases", []) for gate in c.get("failed", [])]
+    failed += [f"{gate}" for gate, status in (report.get("gates") or {}).items() if status == "fail" and gate == "policy"]
+    return "; ".join(failed)[:1500]
+
+
 class Evaluator:
     """Runs the task's evaluator commands on a solution directory; outputs go to ``work_dir``."""
 
@@ -76,11 +84,19 @@ class Evaluator:
         stage = self._run("gates", self.task.gates_cmd, ["--solution", str(solution), "--panel", self.panel],
                           self.work_dir / "gates.json")
         if stage.report and not stage.ok:
-            failed = [f"{c['case']['name']}: {gate}: {'; '.join(c['gates'][gate]['evidence'][:1])[:300]}"
-                      for c in stage.report.get("cases", []) for gate in c.get("failed", [])]
-            failed += [f"{gate}" for gate, status in (stage.report.get("gates") or {}).items()
-                       if status == "fail" and gate == "policy"]
-            stage.note = "failed gates: " + ("; ".join(failed)[:1500] or stage.note)
+            stage.note = "failed gates: " + (_failed_gates(stage.report) or stage.note)
+        return stage
+
+    def verify(self, solution: Path) -> Stage:
+        """The full verifier on the panel: every gate, then v0 before, the solution, v0 after, each timed in its own
+        process (minutes on the visible panel). Only a GPU can pass it: interpreter timings are never valid."""
+        stage = self._run("verifier", self.task.verify_cmd, ["--solution", str(solution), "--panel", self.panel],
+                          self.work_dir / "verifier.json")
+        if stage.report:
+            if stage.ok:
+                stage.note = f"valid, score {stage.report.get('score') or 0:.3f}"
+            else:
+                stage.note = "not valid: " + (_failed_gates(stage.report) or stage.note)
         return stage
 
     def selfcheck(self, solution: Path, baseline: Path | None = None, name: str = "selfcheck") -> Stage:

@@ -1,8 +1,9 @@
-"""Promotion by hand: `python -m agent promote vN [--force]` (make promote V=N).
+"""Promotion by hand: `python -m agent promote vN [--verify] [--force]` (make promote V=N [VERIFY=1]).
 
-Re-runs the gates, the selfcheck and the full residency guard on vN, refuses with the reason when any fails (unless
---force, which the ledger records), copies vN's files into methods/main/ and appends a promotion row (first cell
-`promote vN`). It never changes methods/versions/.
+Re-runs the gates, the selfcheck and the full residency guard on vN, and with --verify (a GPU) the full verifier on
+the panel too, the timing gates included; refuses with the reason when any fails (unless --force, which the ledger
+records), copies vN's files into methods/main/ and appends a promotion row (first cell `promote vN`). It never
+changes methods/versions/.
 """
 from __future__ import annotations
 
@@ -24,10 +25,14 @@ def current_label(task: Task) -> str:
 
 
 def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: str | None = None, log=print,
-            note: str = "") -> int:
+            note: str = "", verify: bool = False) -> int:
     source = task.versions / version
     if not re.fullmatch(r"v\d+", version) or not (source / "solution.py").is_file():
         log(f"promote: no version {version} (expected vN with methods/versions/vN/solution.py)")
+        return 2
+    if verify and not cuda:
+        log("promote: --verify needs a CUDA GPU: the verifier's timing gates do not run under the interpreter "
+            "(promote without --verify here, and run make verify on a GPU); nothing promoted")
         return 2
     panel = panel or ("visible" if cuda else "smoke")
     stamp = datetime.now(timezone.utc)
@@ -42,6 +47,19 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
             log(f"promote: refused: {version} fails {verdict['failed_stage']}: {verdict['note']} (--force overrides, and is recorded)")
             return 1
         log(f"promote: forcing past {verdict['failed_stage']}; the ledger records it")
+    verified = ""
+    if verify:
+        log(f"verifying {version} on the {panel} panel: every gate, then v0 before, {version}, v0 after, one process "
+            "each (several minutes on the visible panel)")
+        stage = evaluator.verify(source)
+        log(f"  verifier   {'ok' if stage.ok else 'FAILED'}  {stage.note}")
+        if not stage.ok:
+            if not force:
+                log(f"promote: refused: {version} fails the verifier: {stage.note} (--force overrides, and is recorded)")
+                return 1
+            log("promote: forcing past the verifier; the ledger records it")
+        verified = (f"; verifier on {Path(panel).name}: {stage.note[:160]}" if stage.ok
+                    else f" (forced past the verifier on {Path(panel).name}: {stage.note[:120]})")
     parent = current_label(task)
     replace_solution(task.root / task.candidate_dir, source)
     strata = verdict["strata"] or {}
@@ -53,10 +71,12 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
     # "promote vN", not "vN": the row records no new version, so ledger.rows() (the attempts) never counts it
     row = {"version": f"promote {version}", "time (UTC)": f"{stamp:%Y-%m-%d %H:%M:%S}", "run": "promotion",
            "backend/model": "by hand", "parent": parent,
-           "summary / hypothesis": f"promoted {version} to {task.candidate_dir}{forced}" + (f"; why: {note}" if note else ""),
+           "summary / hypothesis": f"promoted {version} to {task.candidate_dir}{forced}{verified}"
+                                   + (f"; why: {note}" if note else ""),
            "correct": {True: "yes", False: "no", None: "-"}[verdict["correct"]], "residency": verdict["residency"] or "-",
            "balanced": fmt(strata.get("balanced")), "expert-batch": fmt(strata.get("expert-batch")),
-           "score": fmt(verdict["score"]), "decision": "promoted (forced)" if forced else "promoted",
+           "score": fmt(verdict["score"]),
+           "decision": "promoted (forced)" if forced or "forced past the verifier" in verified else "promoted",
            "sha256": ledger.solution_sha256(source)}
     ledger.append_row(task, row)
     log(f"promoted {version} to {task.candidate_dir} (was {parent}); score {fmt(verdict['score'])}")

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from agent import ledger
 from agent.config import Task
@@ -110,3 +111,10 @@ def test_promote_checks_copies_records_and_leaves_versions_alone(project: Path, 
 
     missing = subprocess.run(agent_command("promote", "v99"), cwd=project, env=agent_env(), capture_output=True, text=True)
     assert missing.returncode == 2 and "no version v99" in missing.stdout
+
+    if not torch.cuda.is_available():  # the verifier's timing gates need a GPU: refused before any check, nothing changes
+        rows, main_text = promotion_rows(project), main.read_text()
+        unverified = subprocess.run(agent_command("promote", "v1", "--verify", "--panel", str(panel)), cwd=project,
+                                    env=agent_env(), capture_output=True, text=True, timeout=60)
+        assert unverified.returncode == 2 and "--verify needs a CUDA GPU" in unverified.stdout
+        assert promotion_rows(project) == rows and main.read_text() == main_text
