@@ -3,6 +3,9 @@
     python -m evals.verifier --solution DIR --panel FILE [--baseline DIR] [--json OUT] [--gates-only [--jobs N]]
     python -m evals.verifier make-panel --seed S [--out FILE] [--per-stratum 5]
 
+``--json OUT`` is rewritten after each case while the run goes on (``partial``: true, never valid), so a run stopped
+early still leaves the cases it judged; the last write is the full report.
+
 This process never imports candidate code. It runs the source policy (evals/policy.py) itself, and for each case
 starts one process per role (``python -m evals.verifier role ...``, evals/gates.py) in a scratch directory: the
 baseline (v0) "before", the candidate, the baseline "after", each with SPEC.md's full schedule. Dispersion: each
@@ -183,14 +186,18 @@ def summarize(cases: list[dict], gates_only: bool) -> dict:
             "valid": passed and (gates_only or (not skipped and score is not None))}
 
 
-def judge(solution: Path, panel: str, baseline: Path, gates_only: bool, schedule: str, log=print, jobs: int = 1) -> dict:
+def judge(solution: Path, panel: str, baseline: Path, gates_only: bool, schedule: str, log=print, jobs: int = 1,
+          progress=None) -> dict:
     """Every case's roles, one process each. Timed roles always run one at a time; with ``gates_only`` (nothing is
-    timed) up to ``jobs`` cases run at once."""
+    timed) up to ``jobs`` cases run at once. ``progress(report)``, if given, receives the report so far after each
+    case (``partial``: True, never valid), so that a run stopped early leaves the cases it judged."""
     info = kh.select_device()
     cases = kh.load_panel(panel)
     policy = policy_gate(solution)
     log(f"{info.message}\npolicy: {policy['status']}" + ("" if policy["status"] == "pass" else "\n    " + "\n    ".join(policy["evidence"][:10])))
     log(HEADER)
+    head = {"solution": str(solution), "baseline": str(baseline), "panel": str(panel), "device": info.name,
+            **provenance(), "mode": "gates-only" if gates_only else "full", "schedule": schedule}
     judged = []
     with tempfile.TemporaryDirectory(prefix="kloop-verifier-") as scratch:
         untimed = []  # by position: two cases of a panel may share a name (same shape, other seeds)
@@ -210,9 +217,10 @@ def judge(solution: Path, panel: str, baseline: Path, gates_only: bool, schedule
                     roles["baseline_after"] = run_role_process(baseline, case, schedule, True, Path(scratch))
             judged.append(judge_case(case, roles, policy, gates_only))
             log(format_row(judged[-1]))
-    return {"solution": str(solution), "baseline": str(baseline), "panel": str(panel), "device": info.name, **provenance(),
-            "mode": "gates-only" if gates_only else "full", "schedule": schedule, "cases": judged,
-            **summarize(judged, gates_only)}
+            if progress is not None and len(judged) < len(cases):
+                progress({**head, "cases": list(judged), "partial": True, "valid": False,
+                          "note": f"{len(judged)} of {len(cases)} cases judged; the run did not finish"})
+    return {**head, "cases": judged, **summarize(judged, gates_only)}
 
 
 def provenance() -> dict:
@@ -323,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--solution", required=True, help="solution directory, e.g. methods/main")
     parser.add_argument("--panel", required=True, help="a panel JSON file (or visible, smoke)")
     parser.add_argument("--baseline", default=str(V0_DIR), help="the yardstick (default methods/versions/v0)")
-    parser.add_argument("--json", type=Path, help="write the full report here")
+    parser.add_argument("--json", type=Path, help="write the full report here (after each case while it runs)")
     parser.add_argument("--gates-only", action="store_true", help="every hard gate but the timing ones, quickly")
     parser.add_argument("--jobs", type=int, default=1,
                         help="with --gates-only: cases checked at once, each in its own process (default 1)")
@@ -339,12 +347,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1:
         print(f"verifier: --jobs must be at least 1; got {args.jobs}", file=sys.stderr)
         return 2
+    def write(report: dict) -> None:
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            partial = args.json.with_name(args.json.name + ".partial")
+            partial.write_text(json.dumps(report, indent=2, default=str) + "\n")
+            partial.replace(args.json)  # whole files only: a run killed while writing keeps the previous one
+
     report = judge(solution, args.panel, baseline, args.gates_only, args.schedule,
-                   log=lambda line: print(line, flush=True), jobs=args.jobs)
+                   log=lambda line: print(line, flush=True), jobs=args.jobs, progress=write)
     print_summary(report)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    write(report)
     return 0 if report["valid"] else 1
 
 

@@ -68,6 +68,18 @@ def test_the_full_pipeline_times_three_roles_and_scores_them(tmp_path, panel_fil
     assert "before_us" in run.stdout and "verdict:" in run.stdout
 
 
+def test_a_run_reports_each_judged_case_before_it_ends(panel_file):
+    """After each case but the last, the report so far (partial, never valid): a run killed before its end, as one
+    on the H200 was by its call's time limit, still leaves the cases it judged."""
+    panel = panel_file(TINY, ("expert-batch", 20, 512, 256, "gelu_tanh", 6), ("balanced", 3, 256, 512, "silu", 7))
+    seen = []
+    report = verifier.judge(ROOT / "methods" / "versions" / "v0", str(panel), verifier.V0_DIR, True, "smoke",
+                            log=lambda line: None, jobs=2, progress=lambda partial: seen.append(partial))
+    assert [len(p["cases"]) for p in seen] == [1, 2]
+    assert all(p["partial"] and not p["valid"] and p["mode"] == "gates-only" for p in seen)
+    assert seen[-1]["cases"] == report["cases"][:2] and "partial" not in report and len(report["cases"]) == 3
+
+
 def test_the_unpinned_schedule_is_specs_without_the_pinning(capsys):
     spec, unpinned = gates.SCHEDULES["spec"], gates.SCHEDULES["spec-unpinned"]
     assert spec.pin and not unpinned.pin and dataclasses.replace(unpinned, pin=True) == spec
