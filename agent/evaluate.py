@@ -154,6 +154,8 @@ class Evaluator:
         verdict = {"stages": [s.summary() for s in stages], "failed_stage": next((s.name for s in stages if not s.ok), None),
                    "panel": self.panel, "gpu_timing": self.cuda,
                    "correct": None if check is None else bool(check.get("all_correct")),
+                   # a case that raised (a compile error such as OutOfResources, a crash) rather than computed wrongly
+                   "raised": bool(check) and any(c.get("error") for c in check.get("cases", [])),
                    "residency": ("ok" if names["residency"].ok else "FAIL") if "residency" in names else None,
                    "gates": ("ok" if names["gates"].ok else "FAIL") if "gates" in names else None,
                    "strata": (check or {}).get("strata", {}), "score": (check or {}).get("score"),
@@ -185,6 +187,14 @@ def _case_failure(case: dict) -> str:
         return f"{name}: {case['error']['stage']}: {case['error']['name']}: {case['error']['message'][:300]}"
     bad = [f"{mode}: {c['message'][:300]}" for mode, c in (case.get("checks") or {}).items() if not c.get("ok")]
     return f"{name}: " + ("; ".join(bad) or "not ok")
+
+
+def correct_cell(verdict: dict) -> str:
+    """The ledger's "correct" cell: yes, no (a wrong result), error (a case raised: it did not compile or crashed), or -
+    (never checked)."""
+    if verdict["correct"] is None:
+        return "-"
+    return "yes" if verdict["correct"] else ("error" if verdict.get("raised") else "no")
 
 
 def _case_numbers(case: dict) -> dict:

@@ -15,7 +15,7 @@ from pathlib import Path
 from agent import ledger
 from agent.config import RunConfig, Task
 from agent.display import Display
-from agent.evaluate import Evaluator
+from agent.evaluate import Evaluator, correct_cell
 from agent.exceptions import LimitsExceeded, ProposerError, Submitted
 from agent.prompts import render
 from agent.proposers import IterationContext, Proposer
@@ -135,7 +135,7 @@ class Run:
         text = summary + (f"; hypothesis: {hypothesis}" if hypothesis and hypothesis not in summary else "")
         row = {"time (UTC)": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S"), "run": self.state.run_id,
                "backend/model": self.proposer.label, "parent": self.state.best_label, "summary / hypothesis": text,
-               "correct": {True: "yes", False: "no", None: "-"}[verdict["correct"]],
+               "correct": correct_cell(verdict),
                "residency": verdict["residency"] or ("not run (slower)" if verdict["correct"] else "-"),
                "balanced": fmt(strata.get("balanced")), "expert-batch": fmt(strata.get("expert-batch")),
                "score": fmt(verdict["score"]), "decision": decision}

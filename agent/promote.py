@@ -13,7 +13,7 @@ from pathlib import Path
 
 from agent import ledger
 from agent.config import Task
-from agent.evaluate import Evaluator
+from agent.evaluate import Evaluator, correct_cell
 from agent.workspace import replace_solution
 
 
@@ -73,7 +73,7 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
            "backend/model": "by hand", "parent": parent,
            "summary / hypothesis": f"promoted {version} to {task.candidate_dir}{forced}{verified}"
                                    + (f"; why: {note}" if note else ""),
-           "correct": {True: "yes", False: "no", None: "-"}[verdict["correct"]], "residency": verdict["residency"] or "-",
+           "correct": correct_cell(verdict), "residency": verdict["residency"] or "-",
            "balanced": fmt(strata.get("balanced")), "expert-batch": fmt(strata.get("expert-batch")),
            "score": fmt(verdict["score"]),
            "decision": "promoted (forced)" if forced or "forced past the verifier" in verified else "promoted",

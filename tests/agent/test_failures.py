@@ -46,6 +46,9 @@ def test_raising_and_hanging_and_forbidden_candidates_are_recorded(project: Path
     assert verdicts["kills itself"]["failed_stage"] == "policy"  # the source policy stops it before it runs
     assert verdicts["valid"]["valid"] and verdicts["valid"]["correct"]
     assert all("revert" in row for row in rows[:3])
+    # the ledger tells a candidate that raised from one that computed a wrong result
+    raised = next(row for row in rows if "| raises" in row)
+    assert " | error | " in raised and " | no | " not in raised
     (state,) = runs(project)
     assert state["status"] == "finished" and state["attempts"] == 4
 

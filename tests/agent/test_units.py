@@ -279,3 +279,12 @@ def test_offline_search_never_combines_a_move_that_failed_on_its_own(tools):  # 
         except LimitsExceeded:
             break
     assert seen and all(" + " in s for s in seen) and not any(failed in s for s in seen)
+
+
+def test_the_correct_cell_tells_a_raise_from_a_wrong_result():
+    from agent.evaluate import correct_cell
+
+    assert correct_cell({"correct": True, "raised": False}) == "yes"
+    assert correct_cell({"correct": False, "raised": False}) == "no"
+    assert correct_cell({"correct": False, "raised": True}) == "error"  # e.g. OutOfResources: it never computed
+    assert correct_cell({"correct": None, "raised": False}) == "-"
