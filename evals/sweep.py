@@ -1,7 +1,7 @@
 """Sweep a solution's tuning overrides over a panel on the GPU: correctness, eager latency, graph GPU time per plan.
 
     python -m evals.sweep --solution methods/drafts/splitk --grid grid.json [--panel visible] [--jobs 12]
-                          [--pin] [--inputs N] [--json OUT]
+                          [--pin] [--inputs N] [--keep] [--json OUT]
 
 The grid is a JSON list of override dicts, each passed as ``build(..., config=overrides)`` on top of the plan the
 solution would choose itself (``{}`` is that plan). Candidate code runs only in child processes: first a pool of
@@ -12,8 +12,9 @@ after another, so that nothing else runs on the GPU or the CPU meanwhile. Per pa
 groups' max/min (the verifier fails a role over 1.15: host-bound plans are fast but may not pass), and the
 GPU time of one call replayed from a CUDA graph with the L2 hot and with the L2 flushed (as ``evals.bench``).
 The table lists, per case, every plan by eager time with its speedup over the solution's own plan; the JSON holds
-every number. ``--pin`` times on one core and ``--inputs 512`` cycles through as many inputs as the verifier does:
-together they bring a host-bound plan's timing conditions nearer the verifier's (which also keeps every output).
+every number. ``--pin`` times on one core, ``--inputs 512`` cycles through as many inputs as the verifier does and
+``--keep`` holds every timed output as it does: one at a time or together, they tell which of the verifier's timing
+conditions moves a host-bound plan.
 A sweep is an exploration aid: what it finds enters the ledger only as an attempt the loop measures.
 """
 from __future__ import annotations
@@ -45,8 +46,10 @@ def _check_pair(solution: str, case: kh.Case, overrides: dict) -> dict:
         return {"ok": False, "error": error_line(exc)}
 
 
-def _time_pairs(solution: str, pairs: list[tuple[kh.Case, dict]], pin: bool = False, inputs: int = 16) -> list[dict]:
-    """Child process: time each (case, overrides) in turn; with ``pin`` on one core, as the verifier's roles are."""
+def _time_pairs(solution: str, pairs: list[tuple[kh.Case, dict]], pin: bool = False, inputs: int = 16,
+                keep: bool = False) -> list[dict]:
+    """Child process: time each (case, overrides) in turn; with ``pin`` on one core and with ``keep`` holding every
+    timed output until the groups end, as the verifier's roles do."""
     import torch
 
     from evals import bench
@@ -69,7 +72,9 @@ def _time_pairs(solution: str, pairs: list[tuple[kh.Case, dict]], pin: bool = Fa
         row = {"case": case_obj.name, "overrides": overrides}
         try:
             fn = module.build(weights.qweight, weights.scales, weights.bias, case_obj.epilogue, config=overrides)
-            groups = kh.time_groups(fn, inputs, 7, 256, warmup=256)
+            kept: list | None = [] if keep else None
+            groups = kh.time_groups(fn, inputs, 7, 256, warmup=256, keep=kept)
+            del kept
             row["eager_us"] = kh.median(groups)
             row["spread"] = max(groups) / min(groups)  # the verifier fails a role over 1.15 (host-bound plans)
             row["graph_hot_us"] = bench.graph_us(fn, *inputs[0], None, replays=20)
@@ -89,7 +94,8 @@ def _time_pairs(solution: str, pairs: list[tuple[kh.Case, dict]], pin: bool = Fa
     return results
 
 
-def run(solution: str, grid: list[dict], panel: str, jobs: int, log=print, pin: bool = False, inputs: int = 16) -> dict:
+def run(solution: str, grid: list[dict], panel: str, jobs: int, log=print, pin: bool = False, inputs: int = 16,
+        keep: bool = False) -> dict:
     info = kh.select_device()
     if info.device.type != "cuda":
         raise RuntimeError("the sweep needs a CUDA GPU (" + info.message + ")")
@@ -104,9 +110,9 @@ def run(solution: str, grid: list[dict], panel: str, jobs: int, log=print, pin: 
         log(f"failed: {row['case']} {json.dumps(row['overrides'])}: {row['error']}")
     passed = [pair for pair, check in zip(pairs, checks) if check["ok"]]
     with context.Pool(1) as pool:
-        timed = pool.apply(_time_pairs, (solution, passed, pin, inputs))
+        timed = pool.apply(_time_pairs, (solution, passed, pin, inputs, keep))
     return {"device": info.message, "solution": solution, "grid": grid, "pinned": pin, "inputs": inputs,
-            "failed": failed, "timed": timed}
+            "kept_outputs": keep, "failed": failed, "timed": timed}
 
 
 def table(result: dict) -> str:
@@ -139,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pin", action="store_true", help="time on one core, as the verifier's roles do")
     parser.add_argument("--inputs", type=int, default=16,
                         help="distinct (x, residual) pairs cycled through (default 16; the verifier uses 512)")
+    parser.add_argument("--keep", action="store_true", help="hold every timed output until the groups end, as the "
+                                                            "verifier does")
     parser.add_argument("--json", help="write every number here")
     args = parser.parse_args(argv)
     try:
@@ -155,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         solution = str(resolve_solution_dir(args.solution))
-        result = run(solution, grid, args.panel, args.jobs, pin=args.pin, inputs=args.inputs)
+        result = run(solution, grid, args.panel, args.jobs, pin=args.pin, inputs=args.inputs, keep=args.keep)
     except (FileNotFoundError, RuntimeError, ValueError) as exc:
         print(f"sweep: {exc}", file=sys.stderr)
         return 2

@@ -78,9 +78,9 @@ def test_pinned_sweep_with_the_verifiers_input_count_times_and_says_so(tmp_path)
     grid.write_text(json.dumps([{}]))
     out = tmp_path / "sweep.json"
     run = run_cli("--solution", DRAFT, "--grid", str(grid), "--panel", "smoke", "--jobs", "2", "--pin",
-                  "--inputs", "32", "--json", str(out))
+                  "--inputs", "32", "--keep", "--json", str(out))
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(out.read_text())
-    assert result["pinned"] is True and result["inputs"] == 32 and not result["failed"]
+    assert result["pinned"] is True and result["inputs"] == 32 and result["kept_outputs"] and not result["failed"]
     assert len(result["timed"]) == len(kh.load_panel("smoke"))
     assert all(row["eager_us"] > 0 and row["correct_after"] for row in result["timed"])
