@@ -20,7 +20,7 @@ def test_check_pair_runs_the_oracle_and_reports_a_bad_plan_as_a_row():
     good = sweep._check_pair(DRAFT, case, {"SWAP_AB": 1, "LAYOUT": 2, "BLOCK_SIZE_N": 128})
     assert good == {"ok": True, "error": None}
     bad = sweep._check_pair(DRAFT, case, {"SWAP_AB": 1, "LAYOUT": 7})
-    assert not bad["ok"] and "LAYOUT must be 0, 1, 2 or 3" in bad["error"]
+    assert not bad["ok"] and "LAYOUT must be one of (0, 1, 2, 3)" in bad["error"]
 
 
 def test_table_orders_plans_by_eager_time_against_the_own_plan():

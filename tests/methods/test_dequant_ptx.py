@@ -10,7 +10,10 @@ import re
 import numpy as np
 import pytest
 
-from tests.methods.test_splitk_draft import S
+from evals.loader import load_solution
+from tests.conftest import ROOT
+
+S = load_solution(ROOT / "methods" / "drafts" / "splitk")
 
 MASK32 = 0xFFFFFFFF
 

@@ -216,13 +216,17 @@ def test_validation_errors():
         fn(t.x, t.residual[:5])
     with pytest.raises(ValueError):
         fn(t.x, t.residual.float())
-    if DEVICE.type == "cuda":  # this M's launch exists: later calls still check where x lives (LAUNCH 2 passes
-        fn(t.x, t.residual)    # bare addresses, which the launcher cannot check)
+    if DEVICE.type == "cuda":  # LAUNCH 2's launch exists: later calls still check where x lives (bare addresses,
+        raw = S.build(t.qweight, t.scales, t.bias, "silu", config={"LAUNCH": 2})  # which the launcher cannot check)
+        raw(t.x, t.residual)
         with pytest.raises(ValueError, match="must be on"):
-            fn(t.x.cpu(), t.residual)
+            raw(t.x.cpu(), t.residual)
     else:  # the interpreter reads tensors, never addresses: the first call of an M checks the devices
         with pytest.raises(ValueError, match="must be on"):
             S.build(t.qweight, t.scales, t.bias, "silu")(t.x.to("meta"), t.residual.to("meta"))
+    for bad in ({"DEQUANT": 7}, {"LAUNCH": 3}, {"LAYOUT": 5}):  # a typo in a table is an error, not a silent default
+        with pytest.raises(ValueError, match=f"{next(iter(bad))} must be one of"):
+            S.plan(18, 256, 256, bad)
     with pytest.raises(ValueError, match="LAYOUT 3 needs DEQUANT"):  # its nibbles are not in row order
         S.build(t.qweight, t.scales, t.bias, "silu", config={"SWAP_AB": 1, "LAYOUT": 3, "DEQUANT": 0})
 

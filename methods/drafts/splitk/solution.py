@@ -111,6 +111,9 @@ def plan(M, K, N, overrides=None):
         config.update(overrides)
     if config["BLOCK_SIZE_K"] != GROUP_SIZE:
         raise ValueError(f"BLOCK_SIZE_K must equal the quantization group {GROUP_SIZE}; got {config['BLOCK_SIZE_K']}")
+    for key, allowed in (("DEQUANT", (0, 1, 2, 3)), ("LAUNCH", (1, 2)), ("LAYOUT", (0, 1, 2, 3))):
+        if config[key] not in allowed:
+            raise ValueError(f"{key} must be one of {allowed}; got {config[key]!r}")
     if config["SWAP_AB"] and config["LAYOUT"] == 3 and config["DEQUANT"] == 0:
         raise ValueError("LAYOUT 3 needs DEQUANT 1 or 2 (its nibbles are in the operand's order, not row order)")
     block_m = max(16, min(_next_pow2(config["BLOCK_SIZE_M"]), _next_pow2(M)))
@@ -575,6 +578,9 @@ def build(qweight, scales, bias, epilogue, config=None):
             a_ptr, c_ptr = (accumulator.data_ptr(), counters.data_ptr()) if one_launch else (0, 0)
 
             def call(x, residual):
+                # every call, not only this M's first: the launcher cannot check a bare address's device
+                if x.get_device() != device_index or residual.get_device() != device_index:
+                    raise ValueError(f"x and residual must be on {device}; got {x.device} and {residual.device}")
                 out = torch.empty(out_shape, dtype=f16, device=device)
                 o_ptr = out.data_ptr()
                 run_main(x.data_ptr(), w_ptr, s_ptr, b_ptr, residual.data_ptr(), o_ptr,
@@ -613,9 +619,6 @@ def build(qweight, scales, bias, epilogue, config=None):
             raise ValueError(f"residual must be fp16 ({M}, {N}); got {residual.dtype} {tuple(residual.shape)}")
         if M == 0:
             raise ValueError("x must have at least one row")
-        # on every call, not only the first for this M: LAUNCH 2 passes bare addresses, which nothing else checks
-        if x.get_device() != device_index or residual.get_device() != device_index:
-            raise ValueError(f"x and residual must be on {device}; got {x.device} and {residual.device}")
         # The kernels assume contiguous rows and 16-byte aligned bases (compiled that way); copy anything else.
         if not x.is_contiguous() or x.data_ptr() & 15:
             x = x.clone(memory_format=torch.contiguous_format)
