@@ -7,8 +7,10 @@ audits poison the allocator, check structure, storage overlaps, batches against 
 """
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
+import signal
 import sys
 import sysconfig
 import threading
@@ -227,6 +229,44 @@ def heat(size: int, matmuls: int, device: torch.device) -> None:
     for _ in range(matmuls):
         a @ b
     kh.synchronize(device)
+
+
+def isolate_timing_thread(cores: set[int]) -> int | None:
+    """The calling thread alone on the highest of ``cores``, every other thread of this process on the rest.
+
+    Threads that already exist (the CUDA driver's, torch's) keep running, just never on the timing thread's core.
+    None where the OS has no per-thread affinity (no /proc/self/task) or there is only one core.
+    """
+    if not hasattr(os, "sched_setaffinity") or not os.path.isdir("/proc/self/task") or len(cores) < 2:
+        return None
+    core = max(cores)
+    me = threading.get_native_id()
+    for name in os.listdir("/proc/self/task"):
+        tid = int(name)
+        try:
+            os.sched_setaffinity(tid, {core} if tid == me else cores - {core})
+        except OSError:  # the thread ended meanwhile
+            pass
+    return core
+
+
+def die_with_parent(parent: str | None) -> bool:
+    """Ask Linux to SIGKILL this process when its parent (pid ``parent``: the verifier, the sweep) dies; exit at once
+    if it already has, so that nothing keeps timing on the GPU after a killed evaluator.
+
+    False where that cannot be arranged (no prctl: not Linux) or no parent pid was given.
+    """
+    if not parent or not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() != int(parent):  # the verifier died before the request took effect
+        os._exit(1)
+    return True
 
 
 def pin_to_one_core() -> int | None:

@@ -28,6 +28,7 @@ recorded as ``error.stage == SETUP_STAGE``: the case could not be judged, which 
 """
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -38,8 +39,8 @@ import torch
 
 from evals import kernel_harness as kh
 from evals import residency
-from evals.gate_spies import (EVIDENCE_CAP, POISON_BITS, GateBook, Spies, changed_inputs, heat, overlaps, pin_to_one_core,
-                              poison_allocator, references, same_values, structure_problem, tamper_snapshot,
+from evals.gate_spies import (EVIDENCE_CAP, POISON_BITS, GateBook, Spies, changed_inputs, heat, isolate_timing_thread,
+                              overlaps, pin_to_one_core, poison_allocator, references, same_values, structure_problem, tamper_snapshot,
                               validate, write_unversioned)
 from evals.loader import load_solution, unload_solution
 from evals.selfcheck import CANDIDATE_ERRORS, error_record
@@ -69,19 +70,27 @@ class Schedule:
     groups: int
     calls_per_group: int
     input_pool: int  # distinct (x, residual) pairs; at least calls_per_group, so no pair repeats within a group
-    pin: bool = True  # a timing role on CUDA pins itself to one core (SPEC.md's suggested stabilizer)
+    pin: str = "process"  # a timing role on CUDA: PIN_MODES says what each value does
+
 
     @property
     def calls(self) -> int:
         return self.prime_outputs + self.untimed_calls + self.groups * self.calls_per_group
 
 
-# SPEC.md's schedule; "smoke" only makes CPU tests short and never scores anything; "spec-unpinned" is SPEC.md's
-# schedule without the one-core pinning, to measure what the pinning does to dispersion (a measurement aid: the
-# verdict of record is "spec").
+PIN_MODES = {
+    "process": "the whole role process on one core from its start (every thread it starts inherits that core)",
+    "none": "no pinning",
+    "thread": "before each timed group, the timing thread alone on one core and every other thread of the process "
+              "(the CUDA driver's, torch's) on the other cores",
+}
+# SPEC.md's schedule; "smoke" only makes CPU tests short and never scores anything. "spec-unpinned" and
+# "spec-thread-pinned" are SPEC.md's schedule with another pinning, to measure what the pinning does to a host-bound
+# candidate's dispersion (measurement aids: the verdict of record is "spec").
 SCHEDULES = {"spec": Schedule(16384, 8, 1024, 4096, 8192, 11, 512, 512),
              "smoke": Schedule(16, 1, 2, 256, 4, 11, 1, 4)}
-SCHEDULES["spec-unpinned"] = replace(SCHEDULES["spec"], pin=False)
+SCHEDULES["spec-unpinned"] = replace(SCHEDULES["spec"], pin="none")
+SCHEDULES["spec-thread-pinned"] = replace(SCHEDULES["spec"], pin="thread")
 
 
 # ----------------------------------------------------------------------------------------------------- the role
@@ -95,6 +104,7 @@ class Role:
         self.module = self.fn = None
         self.kept: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # (label, output, clone) checked at the end
         self.calls = 0
+        self.cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()  # before any pinning
 
     def setup(self) -> None:
         """Everything the verifier owns exists before the residency baseline and before any candidate code runs."""
@@ -271,7 +281,12 @@ class Role:
         kh.synchronize(device)
         inputs = [pool[i % len(pool)] for i in range(s.calls_per_group)]  # distinct within a group
         timed: list = []
-        times = kh.time_groups(self.fn, inputs, s.groups, len(inputs), before_group=self.refill, keep=timed)
+        before_group = self.refill
+        if s.pin == "thread" and device.type == "cuda":
+            def before_group(group):  # threads the last group started are moved too
+                self.refill(group)
+                self.record["pinned_core"] = isolate_timing_thread(self.cores)
+        times = kh.time_groups(self.fn, inputs, s.groups, len(inputs), before_group=before_group, keep=timed)
         self.calls += len(timed)
         self.record["times_us"] = times
         self.record["median_us"] = median = kh.median(times)
@@ -340,7 +355,8 @@ def run_role(solution_dir: Path, case: kh.Case, schedule: Schedule, timing: bool
     began = _perf_counter()
     info = kh.select_device()  # before the candidate imports triton
     record = {"case": kh.case_dict(case), "solution": str(solution_dir), "device": info.name, "timing": timing,
-              "schedule": asdict(schedule), "pinned_core": pin_to_one_core() if timing and schedule.pin and info.device.type == "cuda" else None,
+              "schedule": asdict(schedule), "pinned_core": pin_to_one_core() if timing and schedule.pin == "process"
+              and info.device.type == "cuda" else None,
               "error": None, "times_us": [], "median_us": None, "copy_gbps": None, "roofline_us": None, "calls": 0}
     book = GateBook(ROLE_GATES)
     for name, reason in CUDA_ONLY.items():

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import sys
 from pathlib import Path
 
@@ -102,14 +103,18 @@ def run(solution: str, grid: list[dict], panel: str, jobs: int, log=print, pin: 
     cases = kh.load_panel(panel)
     pairs = [(case, overrides) for case in cases for overrides in grid]
     context = multiprocessing.get_context("spawn")  # a fresh interpreter per worker: no CUDA state is forked
-    with context.Pool(jobs) as pool:
+    from evals.gate_spies import die_with_parent
+
+    # workers die with this process (a sweep killed by a time limit leaves nothing timing on the GPU)
+    hygiene = {"initializer": die_with_parent, "initargs": (str(os.getpid()),)}
+    with context.Pool(jobs, **hygiene) as pool:
         checks = pool.starmap(_check_pair, [(solution, case, overrides) for case, overrides in pairs])
     failed = [{"case": case.name, "overrides": overrides, "error": check["error"]}
               for (case, overrides), check in zip(pairs, checks) if not check["ok"]]
     for row in failed:
         log(f"failed: {row['case']} {json.dumps(row['overrides'])}: {row['error']}")
     passed = [pair for pair, check in zip(pairs, checks) if check["ok"]]
-    with context.Pool(1) as pool:
+    with context.Pool(1, **hygiene) as pool:
         timed = pool.apply(_time_pairs, (solution, passed, pin, inputs, keep))
     return {"device": info.message, "solution": solution, "grid": grid, "pinned": pin, "inputs": inputs,
             "kept_outputs": keep, "failed": failed, "timed": timed}

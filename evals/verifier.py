@@ -24,8 +24,11 @@ A hidden ``--schedule smoke`` shrinks the schedule so that CPU tests of the whol
 
 Stabilizers (SPEC.md advice), on the verifier's side only: the cyclic garbage collector is disabled during the timed
 groups, and each timing role on CUDA pins itself to one core with os.sched_setaffinity where the OS has it. The hidden
-``--schedule spec-unpinned`` runs SPEC.md's schedule without the pinning, to measure what the pinning does to a
-host-bound candidate's dispersion; its report says so (``schedule``), and the verdict of record is the default.
+``--schedule spec-unpinned`` (no pinning) and ``--schedule spec-thread-pinned`` (the timing thread alone on one core,
+the process's other threads on the rest) run SPEC.md's schedule with another pinning, to measure what the pinning
+does to a host-bound candidate's dispersion; the report says so (``schedule``), and the verdict of record is the
+default. A role process dies with the verifier (Linux: PR_SET_PDEATHSIG), so a verifier killed by a time limit
+leaves nothing running on the GPU.
 The input schedule is a pool of 512 distinct (x, residual) pairs (one per call of a timed group), drawn from the
 case's seed; before each timed group, outside its timed region, the pool is rewritten in place with the group's
 own seeded draw: identical for all three roles, fresh for each case and group, and no input pair (address,
@@ -47,7 +50,7 @@ from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 
-from evals import gates
+from evals import gate_spies, gates
 from evals import kernel_harness as kh
 from evals.gates import ROLE_GATES, SETUP_STAGE
 from evals.loader import resolve_solution_dir
@@ -57,7 +60,7 @@ ROOT = Path(__file__).resolve().parent.parent
 V0_DIR = ROOT / "methods" / "versions" / "v0"
 ROLES = ("baseline_before", "candidate", "baseline_after")
 DISPERSION_LIMIT = 1.15
-ROLE_TIMEOUT_S = {"spec": 900, "spec-unpinned": 900, "smoke": 600}
+ROLE_TIMEOUT_S = {"spec": 900, "spec-unpinned": 900, "spec-thread-pinned": 900, "smoke": 600}
 PANEL_HOME = Path.home() / ".kloop" / "panels"
 PROTECTED_DIRS = ("methods", "workspace")  # the agent reads and writes these: no sealed panel may live there
 PER_STRATUM = 5
@@ -72,7 +75,8 @@ def run_role_process(solution: Path, case: kh.Case, schedule: str, timing: bool,
     out = scratch / f"role-{os.getpid()}-{next(_ROLE_IDS)}-{case.name}.json"
     command = [sys.executable, "-m", "evals.verifier", "role", "--solution", str(solution),
                "--case", json.dumps(asdict(case)), "--schedule", schedule, "--out", str(out)] + (["--timing"] if timing else [])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               KLOOP_VERIFIER_PID=str(os.getpid()))
     try:
         run = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True, timeout=ROLE_TIMEOUT_S[schedule])
         failure = f"exit status {run.returncode}; stderr: {run.stderr[-1500:]}"
@@ -94,6 +98,7 @@ def role_main(argv: list[str]) -> int:
     parser.add_argument("--timing", action="store_true")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    gate_spies.die_with_parent(os.environ.get("KLOOP_VERIFIER_PID"))
     out = open(args.out, "w")  # opened before candidate code exists in this process
     record = gates.run_role(resolve_solution_dir(args.solution), kh.Case(**json.loads(args.case)),
                             gates.SCHEDULES[args.schedule], args.timing)
@@ -265,8 +270,9 @@ def print_summary(report: dict) -> None:
         strata = ", ".join(f"{name} {'-' if v is None else f'{v:.3f}'}" for name, v in report["strata"].items())
         print(f"score by stratum (geomean): {strata}; score (harmonic mean): "
               f"{'-' if report['score'] is None else format(report['score'], '.3f')}")
-    if report["schedule"] == "spec-unpinned":
-        print("schedule: spec-unpinned (no one-core pinning): a measurement, not the verdict of record")
+    if report["schedule"] not in ("spec", "smoke"):
+        pin = gates.SCHEDULES[report["schedule"]].pin
+        print(f"schedule: {report['schedule']} (pinning: {gates.PIN_MODES[pin]}): a measurement, not the verdict of record")
     print("verdict: " + ("valid" if report["valid"] else "NOT valid"))
 
 

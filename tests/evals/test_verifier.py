@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -80,16 +81,85 @@ def test_a_run_reports_each_judged_case_before_it_ends(panel_file):
     assert seen[-1]["cases"] == report["cases"][:2] and "partial" not in report and len(report["cases"]) == 3
 
 
-def test_the_unpinned_schedule_is_specs_without_the_pinning(capsys):
-    spec, unpinned = gates.SCHEDULES["spec"], gates.SCHEDULES["spec-unpinned"]
-    assert spec.pin and not unpinned.pin and dataclasses.replace(unpinned, pin=True) == spec
+def test_the_measurement_schedules_are_specs_with_another_pinning(capsys):
+    spec = gates.SCHEDULES["spec"]
+    assert spec.pin == "process"
+    for name, pin in (("spec-unpinned", "none"), ("spec-thread-pinned", "thread")):
+        assert dataclasses.replace(gates.SCHEDULES[name], pin="process") == spec and gates.SCHEDULES[name].pin == pin
+    assert {s.pin for s in gates.SCHEDULES.values()} <= set(gates.PIN_MODES)
     assert set(verifier.ROLE_TIMEOUT_S) == set(gates.SCHEDULES)
     report = {"skipped": {}, "gates": {}, "mode": "full", "strata": {}, "score": None, "valid": False,
-              "schedule": "spec-unpinned"}
+              "schedule": "spec-thread-pinned"}
     verifier.print_summary(report)
-    assert "a measurement, not the verdict of record" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "a measurement, not the verdict of record" in out and "timing thread alone" in out
     verifier.print_summary(report | {"schedule": "spec"})
     assert "measurement" not in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs per-thread affinity and two cores")
+def test_isolating_the_timing_thread_moves_every_other_thread_off_its_core():
+    cores = os.sched_getaffinity(0)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        core = gate_spies.isolate_timing_thread(cores)
+        assert core == max(cores)
+        assert os.sched_getaffinity(0) == {core}  # pid 0: the calling thread
+        assert os.sched_getaffinity(other.native_id) == cores - {core}
+    finally:
+        stop.set()
+        other.join()
+        for name in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setaffinity(int(name), cores)
+            except OSError:
+                pass
+    assert gate_spies.isolate_timing_thread({core}) is None  # one core: nothing to isolate from
+
+
+ORPHAN_PARENT = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]])
+time.sleep(600)
+"""
+ORPHAN_CHILD = """
+import os, sys, time
+from evals.gate_spies import die_with_parent
+armed = die_with_parent(str(os.getppid()))
+open(sys.argv[1], "w").write(f"{os.getpid()} {armed}")
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_role_process_dies_with_the_verifier(tmp_path):
+    marker = tmp_path / "child"
+    parent = subprocess.Popen([sys.executable, "-c", ORPHAN_PARENT, ORPHAN_CHILD, str(marker)], cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 120
+        while not (marker.exists() and marker.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pid, armed = marker.read_text().split()
+        assert armed == "True"
+        os.kill(int(pid), 0)  # alive while its parent is
+    finally:
+        parent.kill()  # SIGKILL: the parent gets no chance to clean up
+        parent.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}") and "Z" not in _state(pid):
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{pid}") or "Z" in _state(pid), "the child outlived its killed parent"
+
+
+def _state(pid: str) -> str:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"  # gone
 
 
 def role(times, median=None):
@@ -133,16 +203,37 @@ def test_a_crashing_candidate_is_a_coverage_failure_not_a_crash(tmp_path, panel_
     assert case["roles"]["candidate"]["error"]["name"] == "RoleCrashed"
 
 
-def test_overlaps_finds_shared_storage_and_poison_marks_unwritten_memory():
+def test_overlaps_finds_shared_storage():
     base = torch.zeros(64, dtype=torch.float16)
     found = gate_spies.overlaps([("a", base[:32]), ("b", torch.zeros(8)), ("c", base[32:])])
     assert found == ["c shares storage with a"]
-    shape = (18, 256)
-    hits = 0
+
+
+# A role is a fresh process. The CPU heap's reuse depends on what the process allocated before (after hundreds of
+# tests a better-fitting free chunk elsewhere can win, CI saw 0 of 4), so the poison is checked where the gate uses
+# it: in a new process, on the smoke panel's output shapes.
+POISON_PROBE = """
+import torch
+from evals import gate_spies
+for shape in [(18, 256), (24, 384), (32, 512)]:
+    fractions = []
     for _ in range(4):
         gate_spies.poison_allocator(shape, torch.device("cpu"))
-        hits += int((torch.empty(shape, dtype=torch.float16).view(torch.int16) == gate_spies.POISON_BITS).any())
-    assert hits >= 1
+        out = torch.empty(shape, dtype=torch.float16)
+        fractions.append(float((out.view(torch.int16) == gate_spies.POISON_BITS).double().mean()))
+        del out
+    print(shape[0], shape[1], max(fractions))
+"""
+
+
+def test_poison_marks_unwritten_memory_in_a_fresh_process():
+    run = subprocess.run([sys.executable, "-c", POISON_PROBE], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 0, run.stderr
+    best = {tuple(map(int, line.split()[:2])): float(line.split()[2]) for line in run.stdout.splitlines()}
+    assert len(best) == 3
+    # an unwritten element shows only where the poison is: nearly all of a fresh output must hold it
+    assert all(fraction > 0.95 for fraction in best.values()), best
 
 
 def test_a_policy_violation_is_not_timed_in_a_full_run(tmp_path, panel_file, redteam_solution):
