@@ -39,6 +39,7 @@ SEARCH_SPACE: dict[str, list] = {
     "REDUCE_BLOCK": [256, 512, 1024, 2048],
     "REDUCE_WARPS": [2, 4, 8],
     "LAUNCH": [1, 2],
+    "GRID": [0, 1],
 }
 # one scale row per K step: BLOCK_SIZE_K must stay the quantization group; a tier's range is what it covers, not a knob
 FIXED = {"BLOCK_SIZE_K", "GROUP_SIZE", "N_MIN", "N_MAX", "K_MIN", "K_MAX"}
@@ -74,12 +75,17 @@ REASONS: dict[tuple[str, int], str] = {
     ("LAUNCH", +1): "integer addresses straight to the launcher's C entry: less host time per call; expect the "
                     "host-bound expert-batch cases faster and steadier",
     ("LAUNCH", -1): "tensors through the compiled kernel's launcher, which checks every pointer with the driver",
+    ("GRID", +1): "stream-K: a fixed grid shares the tiles' group steps evenly, so no partial last wave of programs "
+                  "idles SMs; expect the HBM-streaming balanced cases faster",
+    ("GRID", -1): "one program per tile and split: no program walks across tiles, and tiles owned whole skip the "
+                  "accumulator",
 }
 # Knob combinations a solution refuses (its plan() raises): a proposal holding one is never made. Checked per table
 # on the values its shapes see (the general table updated by the table).
 CONFLICTS: list[tuple[str, Callable[[dict], bool]]] = [
     ("LAYOUT 3 needs DEQUANT 1 or 2",
      lambda c: c.get("SWAP_AB", 1) == 1 and c.get("LAYOUT") == 3 and c.get("DEQUANT") == 0),
+    ("GRID 1 (stream-K) needs SWAP_AB 1", lambda c: c.get("GRID") == 1 and c.get("SWAP_AB", 1) == 0),
 ]
 
 

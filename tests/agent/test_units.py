@@ -244,6 +244,8 @@ def test_offline_search_reads_the_drafts_tables_and_never_proposes_a_combination
     assert tables[0].name == "config" and tables[0].entries["LAYOUT"] == 3 and tables[0].entries["DEQUANT"] == 2
     assert refused(tables) is None
     assert refused(find_tables(draft.replace('"DEQUANT": 2,', '"DEQUANT": 0,', 1))) == "LAYOUT 3 needs DEQUANT 1 or 2"
+    stream_no_swap = draft.replace('"GRID": 0,', '"GRID": 1,', 1).replace('"SWAP_AB": 1,', '"SWAP_AB": 0,', 1)
+    assert refused(find_tables(stream_no_swap.replace('"LAYOUT": 3,', '"LAYOUT": 0,', 1))) == "GRID 1 (stream-K) needs SWAP_AB 1"
     (tools.candidate / "solution.py").write_text(draft)
     for _ in range(12):
         proposal, submitted = propose(tools)

@@ -78,7 +78,13 @@ NOSWAP = {"SWAP_AB": 0, "BLOCK_SIZE_N": 64}
     NOSWAP | {"UNPACK": 1}, NOSWAP | {"MAGIC": 0}, NOSWAP | {"UNPACK": 1, "MAGIC": 0, "SPLIT_K": 2},
     NOSWAP | {"SCALE_AFTER_DOT": 0}, NOSWAP | {"SCALE_AFTER_DOT": 0, "UNPACK": 1, "MAGIC": 0},
     NOSWAP | {"BLOCK_SIZE_N": 128, "SPLIT_K": 2}, NOSWAP | {"BLOCK_SIZE_N": 256}, NOSWAP | {"BLOCK_SIZE_M": 16},
-    {"REDUCE_BLOCK": 256, "SPLIT_K": 3}])
+    {"REDUCE_BLOCK": 256, "SPLIT_K": 3},
+    # GRID 1 (stream-K) on 8 tiles x 5 groups = 40 steps: 7 programs share tiles (5 or 6 steps each), 8 own one tile
+    # each (the direct epilogue), 3 cross several tiles, 1 does everything; 16-row tiles give two M tiles
+    {"GRID": 1, "MIN_PROGRAMS": 7}, {"GRID": 1, "MIN_PROGRAMS": 8}, {"GRID": 1, "MIN_PROGRAMS": 3, "LAUNCH": 2},
+    {"GRID": 1, "MIN_PROGRAMS": 1}, {"GRID": 1, "MIN_PROGRAMS": 0}, {"GRID": 1, "MIN_PROGRAMS": 6, "BLOCK_SIZE_M": 16},
+    {"GRID": 1, "MIN_PROGRAMS": 5, "LAYOUT": 2, "DEQUANT": 1}, {"GRID": 1, "MIN_PROGRAMS": 9, "SCALE_AFTER_DOT": 0},
+    SWAP | {"GRID": 1, "MIN_PROGRAMS": 11, "LAYOUT": 1}])
 @pytest.mark.parametrize("mode", kh.MODES)
 def test_variants(variant, mode):
     _check(kh.Case("variant", 19, 640, 512, "gelu_tanh", 5), mode, variant)
@@ -224,9 +230,11 @@ def test_validation_errors():
     else:  # the interpreter reads tensors, never addresses: the first call of an M checks the devices
         with pytest.raises(ValueError, match="must be on"):
             S.build(t.qweight, t.scales, t.bias, "silu")(t.x.to("meta"), t.residual.to("meta"))
-    for bad in ({"DEQUANT": 7}, {"LAUNCH": 3}, {"LAYOUT": 5}):  # a typo in a table is an error, not a silent default
+    for bad in ({"DEQUANT": 7}, {"LAUNCH": 3}, {"LAYOUT": 5}, {"GRID": 2}):  # a typo in a table is an error, not a silent default
         with pytest.raises(ValueError, match=f"{next(iter(bad))} must be one of"):
             S.plan(18, 256, 256, bad)
+    with pytest.raises(ValueError, match="GRID 1 .* needs SWAP_AB 1"):
+        S.plan(18, 256, 256, {"GRID": 1, "SWAP_AB": 0})
     with pytest.raises(ValueError, match="LAYOUT 3 needs DEQUANT"):  # its nibbles are not in row order
         S.build(t.qweight, t.scales, t.bias, "silu", config={"SWAP_AB": 1, "LAYOUT": 3, "DEQUANT": 0})
 
@@ -246,9 +254,10 @@ def _same_call_again(again, first, ref, case):
         assert torch.equal(again, first)
 
 
-def test_one_launch_reduction_cleans_up_after_every_call_and_keeps_one_accumulator():
+@pytest.mark.parametrize("config", [{"SPLIT_K": 3, "REDUCE_MODE": 1}, {"GRID": 1, "MIN_PROGRAMS": 7}])
+def test_one_launch_reduction_cleans_up_after_every_call_and_keeps_one_accumulator(config):
     case = kh.Case("one-launch", 18, 640, 512, "gelu_tanh", 12)
-    fn, t, first = _check(case, "adversarial", {"SPLIT_K": 3, "REDUCE_MODE": 1})
+    fn, t, first = _check(case, "adversarial", config)
     for seed in (1, 2):  # fresh inputs: a leftover partial sum or counter would show in the next result
         (x, r), = kh.make_inputs(case, 1, seed=seed, device=DEVICE)
         out = fn(x, r)
@@ -270,8 +279,22 @@ def test_one_launch_reduction_cleans_up_after_every_call_and_keeps_one_accumulat
 HOPPER_SHARED_BYTES = 232448  # the most shared memory one program may use on an H100/H200 (227 KiB)
 
 
+def test_stream_k_plan_and_the_programs_a_gpu_holds_at_once():
+    cfg = S.plan(24, 8192, 28672, {"GRID": 1})  # 448 tiles x 64 groups: the tier's 528 programs, no split
+    assert cfg["PROGRAMS"] == 528 and cfg["SPLIT_K"] == 1
+    assert S.plan(19, 640, 512, {"GRID": 1, "MIN_PROGRAMS": 396})["PROGRAMS"] == 40  # never more than the steps
+    # registers allocated per warp in 256s; 1 KiB of shared memory reserved per block; at most 64 warps per SM
+    assert S.programs_per_sm(104, 45056, 4, HOPPER_SHARED_BYTES) == 4  # 3328 registers a warp: 4 x 13312 fit 65536
+    assert S.programs_per_sm(127, 32768, 4, HOPPER_SHARED_BYTES) == 4  # 4096 a warp: exactly 4 blocks of 16384
+    assert S.programs_per_sm(128, 32768, 4, HOPPER_SHARED_BYTES) == 4
+    assert S.programs_per_sm(129, 32768, 4, HOPPER_SHARED_BYTES) == 3  # 4352 a warp: 65536 // 17408 = 3
+    assert S.programs_per_sm(40, 100_000, 4, HOPPER_SHARED_BYTES) == 2  # shared memory decides
+    assert S.programs_per_sm(16, 0, 8, HOPPER_SHARED_BYTES) == 8  # the 64-warp limit
+    assert S.programs_per_sm(255, 200_000, 8, HOPPER_SHARED_BYTES) == 1  # never fewer than one
+
+
 def test_every_visible_plan_compiles_for_hopper_within_shared_memory():
-    """The plans the visible panel gets, with REDUCE_MODE 1 too, compiled to sm90 machine code on this machine (the
+    """The plans the visible panel gets, with REDUCE_MODE 1 too, and the stream-K kernel (GRID 1), compiled to sm90 machine code on this machine (the
     interpreter never compiles, so a child process without TRITON_INTERPRET does): a layout the GPU backend rejects
     or a tile over the shared memory shows here, not on the GPU."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -287,5 +310,6 @@ def test_every_visible_plan_compiles_for_hopper_within_shared_memory():
         # DEQUANT 2's inline PTX reaches the machine code (ptxas assembled it); the interpreter runs DEQUANT 1 instead
         assert kernel["f16x2_dequant"] == (kernel["dequant"] >= 2), kernel
         if kernel["layout"] == 3:  # the unpacked words are the wgmma operand: no shared-memory round trip
-            assert not kernel["ldmatrix"], kernel
+            assert not kernel["ldmatrix_in_loop"], kernel
     assert any(kernel["dequant"] >= 2 for kernel in compiled)
+    assert {kernel["kernel"] for kernel in compiled} == {"main", "stream"}

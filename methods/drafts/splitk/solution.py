@@ -42,9 +42,14 @@ Design:
   through the compiled kernel's launcher on the current stream. LAUNCH 2 (not yet measured on a GPU) passes integer
   addresses to the launcher's C entry instead of tensors, which costs a data_ptr() call and a driver pointer query
   per tensor argument in triton 3.6: eight per call on the one-launch path.
+- Stream-K, GRID 1 (SWAP_AB): a fixed grid of MIN_PROGRAMS programs (0: as many as the GPU holds at once, from the
+  compiled kernel's registers and shared memory) shares the tiles x groups steps evenly, tile-major, so no partial
+  last wave leaves SMs idle (the 448 tiles of a 117 MB case in 2 splits are 896 programs: 1.7 waves of the 528 that
+  fit at once). A tile a program covers alone gets the epilogue at once; a shared one goes through REDUCE_MODE 1's
+  accumulator, its counter counting group steps up to the tile's total. Not yet measured on a GPU.
 Build keeps references to the caller's tensors and, with SWAP_AB and LAYOUT 1, 2 or 3, a repacked copy of the words
-(K*N/2 bytes, the contract's int4 allowance); REDUCE_MODE 1 keeps its accumulator and counters (4*M*N + 4*tiles bytes)
-for the latest M only.
+(K*N/2 bytes, the contract's int4 allowance); REDUCE_MODE 1 and GRID 1 keep the accumulator and counters
+(4*M*N + 4*tiles bytes) for the latest M only.
 """
 import torch
 import triton
@@ -78,9 +83,12 @@ def get_config():
     # LAUNCH (compiled CUDA, one-launch paths) 1: tensors through the compiled kernel's launcher, which asks each
     # tensor for data_ptr() and the driver for its pointer attributes; 2: integer addresses (the weights' taken once at
     # build) straight to the launcher's C entry: less host time per call. The interpreter ignores it.
+    # GRID (with SWAP_AB) 0: a program per (tile, split), split-K as above; 1: stream-K, a fixed grid of MIN_PROGRAMS
+    # programs (0: as many as the GPU holds at once, from the compiled kernel's registers and shared memory) sharing
+    # the tiles * groups steps evenly; a tile shared by programs goes through the kept accumulator (REDUCE_MODE 1's).
     return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 396,
             "SWAP_AB": 1, "LAYOUT": 3, "UNPACK": 0, "MAGIC": 1, "DEQUANT": 2, "SCALE_AFTER_DOT": 1, "REDUCE_MODE": 1,
-            "REDUCE_BLOCK": 1024, "REDUCE_WARPS": 4, "LAUNCH": 1, "num_warps": 4, "num_stages": 4}
+            "REDUCE_BLOCK": 1024, "REDUCE_WARPS": 4, "LAUNCH": 1, "GRID": 0, "num_warps": 4, "num_stages": 4}
 
 
 # Per-shape overrides: the first tier whose N and K ranges hold the shape updates the general configuration.
@@ -111,17 +119,24 @@ def plan(M, K, N, overrides=None):
         config.update(overrides)
     if config["BLOCK_SIZE_K"] != GROUP_SIZE:
         raise ValueError(f"BLOCK_SIZE_K must equal the quantization group {GROUP_SIZE}; got {config['BLOCK_SIZE_K']}")
-    for key, allowed in (("DEQUANT", (0, 1, 2, 3)), ("LAUNCH", (1, 2)), ("LAYOUT", (0, 1, 2, 3))):
+    for key, allowed in (("DEQUANT", (0, 1, 2, 3)), ("GRID", (0, 1)), ("LAUNCH", (1, 2)), ("LAYOUT", (0, 1, 2, 3))):
         if config[key] not in allowed:
             raise ValueError(f"{key} must be one of {allowed}; got {config[key]!r}")
     if config["SWAP_AB"] and config["LAYOUT"] == 3 and config["DEQUANT"] == 0:
         raise ValueError("LAYOUT 3 needs DEQUANT 1 or 2 (its nibbles are in the operand's order, not row order)")
+    if config["GRID"] == 1 and not config["SWAP_AB"]:
+        raise ValueError("GRID 1 (stream-K) needs SWAP_AB 1")
     block_m = max(16, min(_next_pow2(config["BLOCK_SIZE_M"]), _next_pow2(M)))
     block_n = max(16, min(_next_pow2(config["BLOCK_SIZE_N"]), 256))
     while N % block_n:
         block_n //= 2
     groups = K // GROUP_SIZE
     tiles = triton.cdiv(M, block_m) * (N // block_n)
+    if config["GRID"] == 1:  # stream-K: MIN_PROGRAMS programs share the tiles * groups steps (0: fill the GPU)
+        programs = min(int(config["MIN_PROGRAMS"]), tiles * groups)
+        config.update({"BLOCK_SIZE_M": block_m, "BLOCK_SIZE_N": block_n, "SPLIT_K": 1, "PROGRAMS": max(0, programs),
+                       "M_TILES": triton.cdiv(M, block_m), "N_TILES": N // block_n})
+        return config
     split_k = int(config["SPLIT_K"])
     if split_k <= 0:
         split_k = triton.cdiv(int(config["MIN_PROGRAMS"]), tiles)
@@ -238,6 +253,57 @@ def _unpack_words(words, MAGIC: tl.constexpr, DEQUANT: tl.constexpr):
 
 
 @triton.jit
+def _swap_ab_partial(x_ptr, q_ptr, s_ptr, rows, mask_m, offs_n, pid_n, g_start, g_end, N, K,
+                     LAYOUT: tl.constexpr, MAGIC: tl.constexpr, SCALE_AFTER_DOT: tl.constexpr, DEQUANT: tl.constexpr,
+                     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+    """acc[n, m] = sum over groups [g_start, g_end) of W[k, n] x[m, k], fp32: the SWAP_AB product of one tile."""
+    WORDS: tl.constexpr = BLOCK_SIZE_K // 8
+    groups = K // BLOCK_SIZE_K
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    offs_w = tl.arange(0, WORDS)
+    s_ptrs = s_ptr + g_start * N + offs_n
+    xt_ptrs = x_ptr + rows[None, :] * K + (g_start * BLOCK_SIZE_K + offs_k)[:, None]
+    if LAYOUT == 0:
+        q_ptrs = q_ptr + (g_start * WORDS + offs_w)[None, :] * N + offs_n[:, None]
+        q_step = WORDS * N
+    elif LAYOUT == 1:
+        row_words = tl.multiple_of(K // 8, 16)  # K % 128 == 0: 16-byte rows, so 16-byte loads
+        q_ptrs = q_ptr + offs_n.to(tl.int64)[:, None] * row_words + (g_start * WORDS + offs_w)[None, :]
+        q_step = WORDS
+    else:  # LAYOUT 2 and 3: the same program-order blocks (3 with the nibbles in the operand's order)
+        tile = (pid_n.to(tl.int64) * groups + g_start) * (BLOCK_SIZE_N * WORDS)
+        q_ptrs = q_ptr + tile + tl.arange(0, BLOCK_SIZE_N)[:, None] * WORDS + offs_w[None, :]
+        q_step = BLOCK_SIZE_N * WORDS
+    shifts = tl.arange(0, 8) * 4
+    acc = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_M), dtype=tl.float32)
+    for _ in range(g_start, g_end):
+        xt = tl.load(xt_ptrs, mask=mask_m[None, :], other=0.0)
+        words = tl.load(q_ptrs)
+        if DEQUANT == 0:
+            codes = (words[:, :, None] >> shifts[None, None, :]) & 0xF
+            codes = tl.reshape(codes, (BLOCK_SIZE_N, BLOCK_SIZE_K))  # column 8j + i is nibble i of word j
+            w = _weights_fp16(codes, MAGIC)
+        else:
+            w = _unpack_words(words, MAGIC, DEQUANT)  # [BLOCK_SIZE_N, 16, 8]
+            if LAYOUT == 3:
+                # word 4t + q, nibble 4 e0 + 2 e1 + c1 holds the group's k = 32q + 16 c1 + 8 e1 + 2t + e0
+                # (repack): put the nibbles in k order, the tile's columns. In the wgmma operand layout lane t of
+                # each quad holds columns 2t + e0 + 8 e1 + 16 c of its two rows, so the unpacked words already
+                # sit there, each f16x2 pair of the dequant one operand register: no trip through shared memory.
+                w = tl.permute(tl.reshape(w, (BLOCK_SIZE_N, 4, 4, 2, 2, 2)), (0, 2, 5, 4, 1, 3))
+            w = tl.reshape(w, (BLOCK_SIZE_N, BLOCK_SIZE_K))
+        scale = tl.load(s_ptrs)
+        if SCALE_AFTER_DOT:
+            acc += tl.dot(w, xt) * scale.to(tl.float32)[:, None]
+        else:
+            acc = tl.dot(w * scale[:, None], xt, acc)
+        xt_ptrs += BLOCK_SIZE_K
+        q_ptrs += q_step
+        s_ptrs += N
+    return acc
+
+
+@triton.jit
 def w4a16_main_kernel(
     x_ptr, q_ptr, s_ptr, b_ptr, r_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K,
     ACTIVATION: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, LAYOUT: tl.constexpr,
@@ -274,44 +340,8 @@ def w4a16_main_kernel(
         # rows of x its N dimension. Words are loaded as [BLOCK_SIZE_N, WORDS]: LAYOUT 0 reads the caller's
         # (K // 8, N) words, LAYOUT 1 a (N, K // 8) copy made at build (each column's words K-contiguous), LAYOUT 2 a
         # copy in program order (N // BLOCK_SIZE_N, K // 128, BLOCK_SIZE_N, 16): one contiguous block per step.
-        xt_ptrs = x_ptr + rows[None, :] * K + (g_start * BLOCK_SIZE_K + offs_k)[:, None]
-        if LAYOUT == 0:
-            q_ptrs = q_ptr + (g_start * WORDS + offs_w)[None, :] * N + offs_n[:, None]
-            q_step = WORDS * N
-        elif LAYOUT == 1:
-            row_words = tl.multiple_of(K // 8, 16)  # K % 128 == 0: 16-byte rows, so 16-byte loads
-            q_ptrs = q_ptr + offs_n.to(tl.int64)[:, None] * row_words + (g_start * WORDS + offs_w)[None, :]
-            q_step = WORDS
-        else:  # LAYOUT 2 and 3: the same program-order blocks (3 with the nibbles in the operand's order)
-            tile = (pid_n.to(tl.int64) * groups + g_start) * (BLOCK_SIZE_N * WORDS)
-            q_ptrs = q_ptr + tile + tl.arange(0, BLOCK_SIZE_N)[:, None] * WORDS + offs_w[None, :]
-            q_step = BLOCK_SIZE_N * WORDS
-        shifts = tl.arange(0, 8) * 4
-        acc = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_M), dtype=tl.float32)
-        for _ in range(g_start, g_end):
-            xt = tl.load(xt_ptrs, mask=mask_m[None, :], other=0.0)
-            words = tl.load(q_ptrs)
-            if DEQUANT == 0:
-                codes = (words[:, :, None] >> shifts[None, None, :]) & 0xF
-                codes = tl.reshape(codes, (BLOCK_SIZE_N, BLOCK_SIZE_K))  # column 8j + i is nibble i of word j
-                w = _weights_fp16(codes, MAGIC)
-            else:
-                w = _unpack_words(words, MAGIC, DEQUANT)  # [BLOCK_SIZE_N, 16, 8]
-                if LAYOUT == 3:
-                    # word 4t + q, nibble 4 e0 + 2 e1 + c1 holds the group's k = 32q + 16 c1 + 8 e1 + 2t + e0
-                    # (repack): put the nibbles in k order, the tile's columns. In the wgmma operand layout lane t of
-                    # each quad holds columns 2t + e0 + 8 e1 + 16 c of its two rows, so the unpacked words already
-                    # sit there, each f16x2 pair of the dequant one operand register: no trip through shared memory.
-                    w = tl.permute(tl.reshape(w, (BLOCK_SIZE_N, 4, 4, 2, 2, 2)), (0, 2, 5, 4, 1, 3))
-                w = tl.reshape(w, (BLOCK_SIZE_N, BLOCK_SIZE_K))
-            scale = tl.load(s_ptrs)
-            if SCALE_AFTER_DOT:
-                acc += tl.dot(w, xt) * scale.to(tl.float32)[:, None]
-            else:
-                acc = tl.dot(w * scale[:, None], xt, acc)
-            xt_ptrs += BLOCK_SIZE_K
-            q_ptrs += q_step
-            s_ptrs += N
+        acc = _swap_ab_partial(x_ptr, q_ptr, s_ptr, rows, mask_m, offs_n, pid_n, g_start, g_end, N, K, LAYOUT, MAGIC,
+                               SCALE_AFTER_DOT, DEQUANT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
         # the output's element (m, n) is acc[n, m]
         io = rows[None, :] * N + offs_n[:, None]
         mask = mask_m[None, :]
@@ -356,23 +386,73 @@ def w4a16_main_kernel(
     elif REDUCE_MODE == 0:
         tl.store(ws_ptr + pid_k.to(tl.int64) * M * N + io, acc, mask=mask)
     else:
-        # One launch: add the partial into the kept fp32 accumulator (zero between calls); the program whose count
-        # comes last applies the epilogue, then zeroes the tile and its counter for the next call. Every thread's
-        # adds come before the barrier, the barrier before the counter's release (cumulative at GPU scope), and
-        # the last program's acquire before its reads: the split-K serial pattern of CUTLASS's semaphore.
-        tl.atomic_add(ws_ptr + io, acc, mask=mask, sem="relaxed")
+        _one_launch_fixup(acc, bias, io, mask, r_ptr, out_ptr, ws_ptr, cnt_ptr + pid, 1, SPLIT_K, ACTIVATION)
+
+
+@triton.jit
+def _one_launch_fixup(acc, bias, io, mask, r_ptr, out_ptr, ws_ptr, count_ptr, part, whole, ACTIVATION: tl.constexpr):
+    """Add this program's partial into the kept fp32 accumulator (zero between calls) and count ``part`` in on the
+    tile's counter; the program whose count completes ``whole`` applies the epilogue, then zeroes the tile and its
+    counter for the next call.
+
+    Every thread's adds come before the barrier, the barrier before the counter's release (cumulative at GPU scope),
+    and the last program's acquire before its reads: the split-K serial pattern of CUTLASS's semaphore.
+    """
+    tl.atomic_add(ws_ptr + io, acc, mask=mask, sem="relaxed")
+    tl.debug_barrier()
+    count = tl.atomic_add(count_ptr, part, sem="acq_rel")
+    if count + part == whole:
+        z = tl.load(ws_ptr + io, mask=mask, other=0.0, volatile=True)
+        residual = tl.load(r_ptr + io, mask=mask, other=0.0)
+        y = _act_residual(z + bias, residual, ACTIVATION)
+        tl.store(out_ptr + io, y.to(tl.float16), mask=mask)
+        # The compiler may give the reads above and the zeroing below different thread layouts: without this
+        # barrier one thread can zero sums another has not read yet (ledger v39's wrong elements on the H200).
         tl.debug_barrier()
-        count = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel")
-        if count == SPLIT_K - 1:
-            z = tl.load(ws_ptr + io, mask=mask, other=0.0, volatile=True)
+        tl.store(ws_ptr + io, tl.zeros_like(z), mask=mask)
+        tl.store(count_ptr, 0)
+
+
+@triton.jit
+def w4a16_stream_kernel(
+    x_ptr, q_ptr, s_ptr, b_ptr, r_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K,
+    ACTIVATION: tl.constexpr, LAYOUT: tl.constexpr, MAGIC: tl.constexpr, SCALE_AFTER_DOT: tl.constexpr,
+    DEQUANT: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+):
+    # GRID 1 (stream-K, SWAP_AB): the steps (tile, group) in tile-major order, split evenly over a fixed grid, so
+    # every program does the same number of group steps whatever the tile count (no partial last wave). A program
+    # walks its range tile by tile: a tile it covers alone gets the epilogue at once; a tile shared with its
+    # neighbours goes through the kept accumulator, its counter counting group steps up to the tile's total.
+    groups = K // BLOCK_SIZE_K
+    m_tiles = tl.cdiv(M, BLOCK_SIZE_M)
+    total = (m_tiles * (N // BLOCK_SIZE_N)).to(tl.int64) * groups
+    programs = tl.num_programs(0)
+    pid = tl.program_id(0)
+    step = (pid * total) // programs
+    end = ((pid + 1) * total) // programs
+    while step < end:
+        tile = (step // groups).to(tl.int32)
+        g_start = (step - tile.to(tl.int64) * groups).to(tl.int32)
+        g_end = tl.minimum(groups, g_start + (end - step).to(tl.int32))
+        pid_m = tile % m_tiles
+        pid_n = tile // m_tiles
+        offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+        mask_m = offs_m < M
+        rows = offs_m.to(tl.int64)
+        offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+        acc = _swap_ab_partial(x_ptr, q_ptr, s_ptr, rows, mask_m, offs_n, pid_n, g_start, g_end, N, K, LAYOUT, MAGIC,
+                               SCALE_AFTER_DOT, DEQUANT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+        io = rows[None, :] * N + offs_n[:, None]  # the output's element (m, n) is acc[n, m]
+        mask = mask_m[None, :]
+        bias = tl.load(b_ptr + offs_n).to(tl.float32)[:, None]
+        if g_end - g_start == groups:
             residual = tl.load(r_ptr + io, mask=mask, other=0.0)
-            y = _act_residual(z + bias, residual, ACTIVATION)
+            y = _act_residual(acc + bias, residual, ACTIVATION)
             tl.store(out_ptr + io, y.to(tl.float16), mask=mask)
-            # The compiler may give the reads above and the zeroing below different thread layouts: without this
-            # barrier one thread can zero sums another has not read yet (ledger v39's wrong elements on the H200).
-            tl.debug_barrier()
-            tl.store(ws_ptr + io, tl.zeros_like(z), mask=mask)
-            tl.store(cnt_ptr + pid, 0)
+        else:
+            _one_launch_fixup(acc, bias, io, mask, r_ptr, out_ptr, ws_ptr, cnt_ptr + tile, g_end - g_start, groups,
+                              ACTIVATION)
+        step += g_end - g_start
 
 
 @triton.jit
@@ -429,6 +509,24 @@ def _launcher(kernel, grid, device_index, bare=False):
     def launch(*args):
         run(g0, g1, g2, current_stream(device_index), function, packed, None, None, None, *args)
     return launch
+
+
+def resident_programs(kernel, num_warps, device_index):
+    """How many programs of a compiled kernel the whole GPU holds at once: SMs times the per-SM limit set by
+    registers (allocated per warp in units of 256), shared memory (1 KiB reserved per block) and 64 warps."""
+    if hasattr(kernel, "result"):
+        kernel = kernel.result()
+    kernel._init_handles()
+    props = driver.active.utils.get_device_properties(device_index)
+    return props["multiprocessor_count"] * programs_per_sm(kernel.n_regs, kernel.metadata.shared, num_warps,
+                                                           props["max_shared_mem"])
+
+
+def programs_per_sm(regs_per_thread, shared_bytes, num_warps, max_shared, regs_per_sm=65536, max_warps=64):
+    regs_per_warp = -(-max(1, regs_per_thread) * 32 // 256) * 256
+    by_regs = regs_per_sm // (regs_per_warp * num_warps)
+    by_shared = (max_shared + 1024) // (shared_bytes + 1024)
+    return max(1, min(by_regs, by_shared, max_warps // num_warps))
 
 
 def repack(qweight, layout, block_n):
@@ -517,12 +615,21 @@ def build(qweight, scales, bias, epilogue, config=None):
     def make_launch(M, x, residual):
         cfg = plan(M, K, N, overrides)
         split_k = cfg["SPLIT_K"]
-        grid = (cfg["M_TILES"] * cfg["N_TILES"], split_k, 1)
-        one_launch = split_k > 1 and cfg["REDUCE_MODE"] == 1
+        stream = cfg["GRID"] == 1
+        one_launch = stream or (split_k > 1 and cfg["REDUCE_MODE"] == 1)
         dequant = cfg["DEQUANT"] if compiled_path else min(cfg["DEQUANT"], 1)  # inline PTX needs a compiled kernel
-        main_tail = (M, N, K, activation, split_k, cfg["SWAP_AB"], layout, cfg["UNPACK"], cfg["MAGIC"],
-                     cfg["SCALE_AFTER_DOT"], cfg["REDUCE_MODE"], dequant, cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"],
-                     GROUP_SIZE)
+        if stream:
+            kernel = w4a16_stream_kernel
+            main_tail = (M, N, K, activation, layout, cfg["MAGIC"], cfg["SCALE_AFTER_DOT"], dequant,
+                         cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], GROUP_SIZE)
+            # the grid is set below once the compiled kernel says how many programs fit at once (PROGRAMS 0)
+            grid = (max(1, cfg["PROGRAMS"]), 1, 1)
+        else:
+            kernel = w4a16_main_kernel
+            main_tail = (M, N, K, activation, split_k, cfg["SWAP_AB"], layout, cfg["UNPACK"], cfg["MAGIC"],
+                         cfg["SCALE_AFTER_DOT"], cfg["REDUCE_MODE"], dequant, cfg["BLOCK_SIZE_M"],
+                         cfg["BLOCK_SIZE_N"], GROUP_SIZE)
+            grid = (cfg["M_TILES"] * cfg["N_TILES"], split_k, 1)
         main_opts = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
         total = M * N
         reduce_block = cfg["REDUCE_BLOCK"]
@@ -546,14 +653,13 @@ def build(qweight, scales, bias, epilogue, config=None):
             # The interpreter (CPU tensors) or any non-CUDA device: the normal JIT dispatch.
             def call(x, residual):
                 out = torch.empty(out_shape, dtype=f16, device=x.device)
-                if split_k == 1:
-                    w4a16_main_kernel[grid](x, words, scales, bias, residual, out, out, out, *main_tail, **main_opts)
-                elif one_launch:
-                    w4a16_main_kernel[grid](x, words, scales, bias, residual, out, accumulator, counters, *main_tail,
-                                            **main_opts)
+                if one_launch:
+                    kernel[grid](x, words, scales, bias, residual, out, accumulator, counters, *main_tail, **main_opts)
+                elif split_k == 1:
+                    kernel[grid](x, words, scales, bias, residual, out, out, out, *main_tail, **main_opts)
                 else:
                     ws = torch.empty(ws_shape, dtype=f32, device=x.device)
-                    w4a16_main_kernel[grid](x, words, scales, bias, residual, out, ws, out, *main_tail, **main_opts)
+                    kernel[grid](x, words, scales, bias, residual, out, ws, out, *main_tail, **main_opts)
                     w4a16_reduce_kernel[reduce_grid](ws, bias, residual, out, *reduce_tail, **reduce_opts)
                 return out
             return call
@@ -568,8 +674,10 @@ def build(qweight, scales, bias, epilogue, config=None):
         else:
             ws, cnt = (torch.empty(ws_shape, dtype=f32, device=device) if split_k > 1 else out), out
         # warmup compiles without launching: the accumulator and the counters stay at zero
-        main = w4a16_main_kernel.warmup(x, words, scales, bias, residual, out, ws, cnt, *main_tail, grid=grid,
-                                        **main_opts)
+        main = kernel.warmup(x, words, scales, bias, residual, out, ws, cnt, *main_tail, grid=grid, **main_opts)
+        if stream and cfg["PROGRAMS"] <= 0:
+            steps = cfg["M_TILES"] * cfg["N_TILES"] * (K // GROUP_SIZE)
+            grid = (min(steps, resident_programs(main, cfg["num_warps"], device_index)), 1, 1)
         raw = cfg["LAUNCH"] == 2 and (split_k == 1 or one_launch)
         run_main = _launcher(main, grid, device_index, bare=raw)
         if raw:
@@ -587,16 +695,16 @@ def build(qweight, scales, bias, epilogue, config=None):
                          a_ptr if one_launch else o_ptr, c_ptr if one_launch else o_ptr, *main_tail)
                 return out
             return call
-        if split_k == 1:
-            def call(x, residual):
-                out = torch.empty(out_shape, dtype=f16, device=device)
-                run_main(x, words, scales, bias, residual, out, out, out, *main_tail)
-                return out
-            return call
         if one_launch:
             def call(x, residual):
                 out = torch.empty(out_shape, dtype=f16, device=device)
                 run_main(x, words, scales, bias, residual, out, accumulator, counters, *main_tail)
+                return out
+            return call
+        if split_k == 1:
+            def call(x, residual):
+                out = torch.empty(out_shape, dtype=f16, device=device)
+                run_main(x, words, scales, bias, residual, out, out, out, *main_tail)
                 return out
             return call
 
