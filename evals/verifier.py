@@ -157,7 +157,10 @@ def judge_case(case: kh.Case, roles: dict[str, dict], policy: dict, gates_only: 
         bad = [role for role in ROLES if spreads.get(role) is None or spreads[role] > DISPERSION_LIMIT]
         gates["dispersion"] = {"status": "fail" if bad else "pass", "evidence": [
             ", ".join(f"{role} max/min {'-' if spreads.get(role) is None else f'{spreads[role]:.3f}'}" for role in ROLES)
-            + (f"; over {DISPERSION_LIMIT} or missing: {', '.join(bad)}" if bad else "")]}
+            + (f"; over {DISPERSION_LIMIT} or missing: {', '.join(bad)}" if bad else "")]
+            # the groups in order show one stalled group apart from a drift (us per call)
+            + [f"{role} groups: " + " ".join(f"{t:.2f}" for t in roles[role]["times_us"])
+               for role in bad if roles.get(role, {}).get("times_us")]}
         before, after = medians.get("baseline_before"), medians.get("baseline_after")
         broken = [f"{role} failed {name}" for role in ("baseline_before", "baseline_after")
                   for name, gate in roles.get(role, {}).get("gates", {}).items() if gate["status"] == "fail"]
@@ -258,6 +261,8 @@ def format_row(c: dict) -> str:
     for name in c["failed"]:
         evidence = c["gates"][name]["evidence"]
         line += f"\n    {name}: {str(evidence[0])[:400] if evidence else ''}"
+        if name == "dispersion":  # each role's groups in order
+            line += "".join(f"\n      {str(more)[:400]}" for more in evidence[1:])
     return line
 
 

@@ -188,6 +188,9 @@ def test_scores_are_geomeans_per_stratum_and_a_harmonic_mean_across():
 def test_one_stalled_group_fails_the_case_without_retry_or_trimming():
     stalled = judged("balanced", [40.0] * 11, [20.0] * 10 + [23.1], [40.0] * 11)
     assert stalled["failed"] == ["dispersion"] and "candidate max/min 1.155" in stalled["gates"]["dispersion"]["evidence"][0]
+    # the failing role's groups in order, so a reader tells one stalled group from a drift
+    assert stalled["gates"]["dispersion"]["evidence"][1:] == ["candidate groups: " + " ".join(["20.00"] * 10 + ["23.10"])]
+    assert "candidate groups: 20.00" in verifier.format_row(stalled)
     assert verifier.summarize([stalled], gates_only=False)["score"] is None
 
 
