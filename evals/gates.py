@@ -40,8 +40,8 @@ import torch
 from evals import kernel_harness as kh
 from evals import residency
 from evals.gate_spies import (EVIDENCE_CAP, POISON_BITS, GateBook, Spies, changed_inputs, heat, isolate_timing_thread,
-                              overlaps, pin_to_one_core, poison_allocator, references, same_values, structure_problem, tamper_snapshot,
-                              validate, write_unversioned)
+                              overlaps, pin_to_one_core, poison_allocator, references, same_values, structure_problem,
+                              tamper_snapshot, validate, write_unversioned)
 from evals.loader import load_solution, unload_solution
 from evals.selfcheck import CANDIDATE_ERRORS, error_record
 
@@ -71,7 +71,6 @@ class Schedule:
     calls_per_group: int
     input_pool: int  # distinct (x, residual) pairs; at least calls_per_group, so no pair repeats within a group
     pin: str = "process"  # a timing role on CUDA: PIN_MODES says what each value does
-
 
     @property
     def calls(self) -> int:
@@ -104,7 +103,7 @@ class Role:
         self.module = self.fn = None
         self.kept: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # (label, output, clone) checked at the end
         self.calls = 0
-        self.cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()  # before any pinning
+        self.cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()  # "thread" mode's cores
 
     def setup(self) -> None:
         """Everything the verifier owns exists before the residency baseline and before any candidate code runs."""
