@@ -78,7 +78,8 @@ class Schedule:
 
 
 PIN_MODES = {
-    "process": "the whole role process on one core from its start (every thread it starts inherits that core)",
+    "process": "the role's main thread on one core from its start, before the candidate loads (every thread started "
+               "afterwards, the CUDA driver's included, inherits that core)",
     "none": "no pinning",
     "thread": "before each timed group, the timing thread alone on one core and every other thread of the process "
               "(the CUDA driver's, torch's) on the other cores",

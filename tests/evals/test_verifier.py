@@ -155,6 +155,54 @@ def test_a_role_process_dies_with_the_verifier(tmp_path):
     assert not os.path.exists(f"/proc/{pid}") or "Z" in _state(pid), "the child outlived its killed parent"
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_killing_the_verifier_ends_the_role_it_started(tmp_path, panel_file):
+    """The verifier hands its pid to each role (KLOOP_VERIFIER_PID); a verifier killed by a time limit (SIGKILL: no
+    cleanup) must not leave a candidate running."""
+    hang = tmp_path / "hang"
+    hang.mkdir()
+    (hang / "solution.py").write_text("def build(qweight, scales, bias, epilogue):\n    while True:\n        pass\n")
+    parent = subprocess.Popen([sys.executable, "-m", "evals.verifier", "--solution", str(hang), "--panel",
+                               str(panel_file(TINY)), "--gates-only"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    roles = []
+    try:
+        deadline = time.monotonic() + 120
+        while not roles and time.monotonic() < deadline and parent.poll() is None:
+            time.sleep(0.2)
+            roles = [pid for pid in _children(parent.pid) if b"evals.verifier\x00role" in _cmdline(pid)]
+        assert roles, "no role process appeared"
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_state(str(pid)) != "Z" for pid in roles):
+        time.sleep(0.1)
+    alive = [pid for pid in roles if _state(str(pid)) != "Z"]
+    for pid in alive:  # do not leave it spinning for the rest of the run
+        os.kill(pid, 9)
+    assert not alive, "a role outlived its killed verifier"
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if int(open(f"/proc/{name}/stat").read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return found
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        return b""
+
+
 def _state(pid: str) -> str:
     try:
         return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]

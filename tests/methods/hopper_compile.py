@@ -29,13 +29,15 @@ def compile_sm90(kernel_fn, constants: dict, options: dict) -> dict:
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     ptx = kernel.asm["ptx"]
     # one launch: the last program reads the sums, then zeroes them, maybe in another thread layout; a barrier must
-    # lie between the last read and the zeroing stores that end the kernel
+    # lie between the last read and the first zeroing store after it (one register repeated: the zeros)
     reads = ptx.rfind("ld.volatile.global")
+    zeroing = re.search(r"st\.global(?:\.v\d)?\.b32 \[[^\]]*\], \{ (%r\d+)(?:, \1)* \}", ptx[reads:]) if reads >= 0 else None
     # the loop body: from the label that opens the block of the first MMA to the branch after the last one
     mma = [found.start() for found in re.finditer(r"wgmma\.mma_async", ptx)]
     body = ptx[ptx.rfind("$L__", 0, mma[0]):ptx.find("bra", mma[-1])] if mma else ""
     return {"shared": kernel.metadata.shared, "f16x2_dequant": "sub.f16x2" in ptx,
-            "barrier_after_reads": reads >= 0 and ptx.rfind("bar.sync") > reads,
+            "barrier_after_reads": bool(zeroing) and "bar.sync" in ptx[reads:reads + zeroing.start()],
+            "wgmma": bool(mma),
             # the dequantized tile through shared memory: an ldmatrix in the loop body (an epilogue may use one)
             "ldmatrix_in_loop": "ldmatrix" in body, **options}
 

@@ -86,6 +86,7 @@ def get_config():
     # GRID (with SWAP_AB) 0: a program per (tile, split), split-K as above; 1: stream-K, a fixed grid of MIN_PROGRAMS
     # programs (0: as many as the GPU holds at once, from the compiled kernel's registers and shared memory) sharing
     # the tiles * groups steps evenly; a tile shared by programs goes through the kept accumulator (REDUCE_MODE 1's).
+    # The tables' MIN_PROGRAMS were tuned for split-K: for GRID 1, 0 is the count that matches what fits at once.
     return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 396,
             "SWAP_AB": 1, "LAYOUT": 3, "UNPACK": 0, "MAGIC": 1, "DEQUANT": 2, "SCALE_AFTER_DOT": 1, "REDUCE_MODE": 1,
             "REDUCE_BLOCK": 1024, "REDUCE_WARPS": 4, "LAUNCH": 1, "GRID": 0, "num_warps": 4, "num_stages": 4}
