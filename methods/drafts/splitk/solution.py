@@ -150,13 +150,15 @@ def plan(M, K, N, overrides=None):
 
 # ------------------------------------------------------------------------------------------------ kernels
 @triton.jit
-def _act_residual(z, residual, ACTIVATION: tl.constexpr):
+def _epilogue(z, r_ptr, out_ptr, io, mask, ACTIVATION: tl.constexpr):
+    """out[io] = act(z) + residual[io] in fp16, z the fp32 sum with the bias added."""
     if ACTIVATION == 0:  # silu
         y = z * tl.sigmoid(z)
     else:  # gelu_tanh: 0.5 z (1 + tanh(a)) == z * sigmoid(2a)
         inner = 0.7978845608028654 * (z + 0.044715 * z * z * z)
         y = z * tl.sigmoid(2.0 * inner)
-    return y + residual.to(tl.float32)
+    residual = tl.load(r_ptr + io, mask=mask, other=0.0)
+    tl.store(out_ptr + io, (y + residual.to(tl.float32)).to(tl.float16), mask=mask)
 
 
 @triton.jit
@@ -381,9 +383,7 @@ def w4a16_main_kernel(
         bias = tl.load(b_ptr + offs_n).to(tl.float32)[None, :]
 
     if SPLIT_K == 1:
-        residual = tl.load(r_ptr + io, mask=mask, other=0.0)
-        y = _act_residual(acc + bias, residual, ACTIVATION)
-        tl.store(out_ptr + io, y.to(tl.float16), mask=mask)
+        _epilogue(acc + bias, r_ptr, out_ptr, io, mask, ACTIVATION)
     elif REDUCE_MODE == 0:
         tl.store(ws_ptr + pid_k.to(tl.int64) * M * N + io, acc, mask=mask)
     else:
@@ -404,9 +404,7 @@ def _one_launch_fixup(acc, bias, io, mask, r_ptr, out_ptr, ws_ptr, count_ptr, pa
     count = tl.atomic_add(count_ptr, part, sem="acq_rel")
     if count + part == whole:
         z = tl.load(ws_ptr + io, mask=mask, other=0.0, volatile=True)
-        residual = tl.load(r_ptr + io, mask=mask, other=0.0)
-        y = _act_residual(z + bias, residual, ACTIVATION)
-        tl.store(out_ptr + io, y.to(tl.float16), mask=mask)
+        _epilogue(z + bias, r_ptr, out_ptr, io, mask, ACTIVATION)
         # The compiler may give the reads above and the zeroing below different thread layouts: without this
         # barrier one thread can zero sums another has not read yet (ledger v39's wrong elements on the H200).
         tl.debug_barrier()
@@ -447,9 +445,7 @@ def w4a16_stream_kernel(
         mask = mask_m[None, :]
         bias = tl.load(b_ptr + offs_n).to(tl.float32)[:, None]
         if g_end - g_start == groups:
-            residual = tl.load(r_ptr + io, mask=mask, other=0.0)
-            y = _act_residual(acc + bias, residual, ACTIVATION)
-            tl.store(out_ptr + io, y.to(tl.float16), mask=mask)
+            _epilogue(acc + bias, r_ptr, out_ptr, io, mask, ACTIVATION)
         else:
             _one_launch_fixup(acc, bias, io, mask, r_ptr, out_ptr, ws_ptr, cnt_ptr + tile, g_end - g_start, groups,
                               ACTIVATION)
@@ -470,9 +466,7 @@ def w4a16_reduce_kernel(
         ws_ptrs += TOTAL
         z += tl.load(ws_ptrs, mask=mask, other=0.0)
     z += tl.load(b_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
-    residual = tl.load(r_ptr + offs, mask=mask, other=0.0)
-    y = _act_residual(z, residual, ACTIVATION)
-    tl.store(out_ptr + offs, y.to(tl.float16), mask=mask)
+    _epilogue(z, r_ptr, out_ptr, offs, mask, ACTIVATION)
 
 
 # ------------------------------------------------------------------------------------------------ host
