@@ -7,6 +7,7 @@ audits poison the allocator, check structure, storage overlaps, batches against 
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import os
@@ -22,8 +23,11 @@ import torch
 from evals import kernel_harness as kh
 from evals import residency
 
-POISON_BITS = 0x7E5A  # an fp16 quiet NaN with a payload that no arithmetic produces
-POISON_COPIES = 16  # enough freed output-sized blocks that the next output lands on one (CPU malloc included)
+POISON_BYTE = 0x7E
+POISON_BITS = POISON_BYTE * 0x101  # 0x7E7E: an fp16 quiet NaN with a payload that no arithmetic produces
+POISON_COPIES = 16  # enough freed output-sized blocks that the CUDA caching allocator's next output lands on one
+_M_MMAP_THRESHOLD, _M_PERTURB = -3, -6  # glibc mallopt parameters
+_MMAP_THRESHOLD_MAX = 32 << 20  # glibc's ceiling on 64-bit; blocks below it come from the heap, where the fill applies
 VALIDATE_CHUNK = 64  # outputs compared against the oracle at once (bounds fp64 scratch)
 EVIDENCE_CAP = 8
 REFERENCE_CHUNK = 64  # pool inputs per oracle pass (bounds its fp64 scratch)
@@ -130,6 +134,46 @@ def poison_allocator(shape: tuple[int, int], device: torch.device) -> None:
     """Leave freed blocks of the output's size full of POISON_BITS, so that elements a call never writes show."""
     blocks = [torch.full((shape[0] * shape[1],), POISON_BITS, dtype=torch.int16, device=device) for _ in range(POISON_COPIES)]
     del blocks
+
+
+def _find_mallopt():
+    try:
+        return ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc, or no C library to open
+        return None
+
+
+_MALLOPT = _find_mallopt()  # at import, not inside a candidate's call, where the spies watch ctypes.dlopen
+
+
+def malloc_fill(on: bool) -> bool:
+    """Make glibc's malloc fill every block it hands out with POISON_BYTE (``on``), or stop; False without glibc.
+
+    Which free chunk glibc picks depends on the heap's whole history: in CI a fresh output once landed 56% on freed
+    poison and 44% elsewhere. The fill (M_PERTURB) does not depend on it. It applies to heap blocks only, so the
+    mmap threshold is raised to glibc's ceiling (and stays there: mallopt cannot restore the dynamic threshold).
+    """
+    if _MALLOPT is None:
+        return False
+    if on and _MALLOPT(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX) != 1:
+        return False
+    return _MALLOPT(_M_PERTURB, POISON_BYTE ^ 0xFF if on else 0) == 1  # glibc fills with the complement
+
+
+@contextlib.contextmanager
+def poisoned_allocations(shape: tuple[int, int], device: torch.device):
+    """Within, an output the call allocates holds POISON_BITS wherever the call leaves it unwritten.
+
+    CUDA: the caching allocator hands out one of the freed output-sized blocks. CPU: glibc fills each block it hands
+    out (the freed blocks stay as the fallback without glibc; CPU outputs above 32 MB come from mmap, zeroed).
+    """
+    poison_allocator(shape, device)  # before the fill starts: with it on, glibc would overwrite what it frees
+    filling = device.type == "cpu" and malloc_fill(True)
+    try:
+        yield
+    finally:
+        if filling:
+            malloc_fill(False)
 
 
 def structure_problem(out, shape: tuple[int, int], device: torch.device) -> str | None:

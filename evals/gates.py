@@ -40,8 +40,8 @@ import torch
 from evals import kernel_harness as kh
 from evals import residency
 from evals.gate_spies import (EVIDENCE_CAP, POISON_BITS, GateBook, Spies, changed_inputs, heat, isolate_timing_thread,
-                              overlaps, pin_to_one_core, poison_allocator, references, same_values, structure_problem,
-                              tamper_snapshot, validate, write_unversioned)
+                              overlaps, pin_to_one_core, poisoned_allocations, references, same_values,
+                              structure_problem, tamper_snapshot, validate, write_unversioned)
 from evals.loader import load_solution, unload_solution
 from evals.selfcheck import CANDIDATE_ERRORS, error_record
 
@@ -138,8 +138,8 @@ class Role:
         return max(self.schedule.input_pool, self.schedule.calls_per_group) if self.timing else GATE_POOL
 
     def call(self, fn, x, residual):
-        poison_allocator(self.shape, self.device)
-        out = fn(x, residual)
+        with poisoned_allocations(self.shape, self.device):
+            out = fn(x, residual)
         kh.synchronize(self.device)
         self.calls += 1
         return out

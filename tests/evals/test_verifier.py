@@ -260,31 +260,39 @@ def test_overlaps_finds_shared_storage():
     assert found == ["c shares storage with a"]
 
 
-# A role is a fresh process. The CPU heap's reuse depends on what the process allocated before (after hundreds of
-# tests a better-fitting free chunk elsewhere can win, CI saw 0 of 4), so the poison is checked where the gate uses
-# it: in a new process, on the smoke panel's output shapes.
+# A role is a fresh process, so the poison is checked in one. Freed poisoned blocks alone proved unreliable on CPU
+# (glibc's choice of free chunk depends on the heap's history: CI saw a fresh output 56% poisoned), so on CPU glibc
+# fills each block it hands out; the last shape (256 KB) is above glibc's default mmap threshold.
 POISON_PROBE = """
+import sys
 import torch
 from evals import gate_spies
-for shape in [(18, 256), (24, 384), (32, 512)]:
-    fractions = []
-    for _ in range(4):
-        gate_spies.poison_allocator(shape, torch.device("cpu"))
+fill_alone = sys.argv[1] == "fill"
+for shape in [(18, 256), (24, 384), (32, 512), (256, 512)]:
+    if fill_alone:  # no freed poison to land on: only the fill can put it there
+        assert gate_spies.malloc_fill(True)
         out = torch.empty(shape, dtype=torch.float16)
-        fractions.append(float((out.view(torch.int16) == gate_spies.POISON_BITS).double().mean()))
-        del out
-    print(shape[0], shape[1], max(fractions))
+        assert gate_spies.malloc_fill(False)
+    else:
+        with gate_spies.poisoned_allocations(shape, torch.device("cpu")):
+            out = torch.empty(shape, dtype=torch.float16)
+    print(shape[0], shape[1], float((out.view(torch.int16) == gate_spies.POISON_BITS).double().mean()))
+after = torch.empty(4 << 20, dtype=torch.float16)  # 8 MB, mostly new heap pages: filled only if the fill stayed on
+print(-1, -1, float((after.view(torch.int16) == gate_spies.POISON_BITS).double().mean()))
 """
 
 
-def test_poison_marks_unwritten_memory_in_a_fresh_process():
-    run = subprocess.run([sys.executable, "-c", POISON_PROBE], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+@pytest.mark.parametrize("mode", ["scope", "fill"])
+def test_poison_marks_every_unwritten_element_in_a_fresh_process(mode):
+    if gate_spies.malloc_fill(False) is False:
+        pytest.skip("no glibc mallopt here: CPU outputs get only the freed poisoned blocks, which may miss")
+    run = subprocess.run([sys.executable, "-c", POISON_PROBE, mode], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert run.returncode == 0, run.stderr
-    best = {tuple(map(int, line.split()[:2])): float(line.split()[2]) for line in run.stdout.splitlines()}
-    assert len(best) == 3
-    # an unwritten element shows only where the poison is: nearly all of a fresh output must hold it
-    assert all(fraction > 0.95 for fraction in best.values()), best
+    fractions = {tuple(map(int, line.split()[:2])): float(line.split()[2]) for line in run.stdout.splitlines()}
+    after = fractions.pop((-1, -1))
+    assert fractions == {(18, 256): 1.0, (24, 384): 1.0, (32, 512): 1.0, (256, 512): 1.0}
+    assert after < 0.5  # the fill ends with the scope
 
 
 def test_a_policy_violation_is_not_timed_in_a_full_run(tmp_path, panel_file, redteam_solution):
