@@ -32,6 +32,15 @@ VALIDATE_CHUNK = 64  # outputs compared against the oracle at once (bounds fp64 
 EVIDENCE_CAP = 8
 REFERENCE_CHUNK = 64  # pool inputs per oracle pass (bounds its fp64 scratch)
 
+
+def _open_libc():
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:  # no C library to open
+        return None
+
+
+_LIBC = _open_libc()  # at import, not inside a candidate's call, where the spies watch ctypes.dlopen
 _STDLIB = tuple({sysconfig.get_paths()["stdlib"] + os.sep, sysconfig.get_paths()["platstdlib"] + os.sep})
 _WATCHED_EVENTS = frozenset(("open", "os.system", "subprocess.Popen", "os.posix_spawn", "os.spawn", "os.fork",
                              "os.forkpty", "os.exec", "os.kill", "socket.__new__", "socket.connect", "socket.bind",
@@ -136,16 +145,6 @@ def poison_allocator(shape: tuple[int, int], device: torch.device) -> None:
     del blocks
 
 
-def _find_mallopt():
-    try:
-        return ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc, or no C library to open
-        return None
-
-
-_MALLOPT = _find_mallopt()  # at import, not inside a candidate's call, where the spies watch ctypes.dlopen
-
-
 def malloc_fill(on: bool) -> bool:
     """Make glibc's malloc fill every block it hands out with POISON_BYTE (``on``), or stop; False without glibc.
 
@@ -153,11 +152,12 @@ def malloc_fill(on: bool) -> bool:
     poison and 44% elsewhere. The fill (M_PERTURB) does not depend on it. It applies to heap blocks only, so the
     mmap threshold is raised to glibc's ceiling (and stays there: mallopt cannot restore the dynamic threshold).
     """
-    if _MALLOPT is None:
+    mallopt = getattr(_LIBC, "mallopt", None)
+    if mallopt is None:
         return False
-    if on and _MALLOPT(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX) != 1:
+    if on and mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX) != 1:
         return False
-    return _MALLOPT(_M_PERTURB, POISON_BYTE ^ 0xFF if on else 0) == 1  # glibc fills with the complement
+    return mallopt(_M_PERTURB, POISON_BYTE ^ 0xFF if on else 0) == 1  # glibc fills with the complement
 
 
 @contextlib.contextmanager
@@ -302,11 +302,8 @@ def die_with_parent(parent: str | None) -> bool:
     """
     if not parent or not sys.platform.startswith("linux"):
         return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
-            return False
-    except (OSError, AttributeError):
+    prctl = getattr(_LIBC, "prctl", None)
+    if prctl is None or prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
         return False
     if os.getppid() != int(parent):  # the verifier died before the request took effect
         os._exit(1)
