@@ -41,8 +41,6 @@ class Task:
     policy_cmd: tuple[str, ...] = ("-m", "evals.policy")
     gates_cmd: tuple[str, ...] = ("-m", "evals.verifier", "--gates-only", "--jobs", "3")  # untimed: 3 cases at once
     verify_cmd: tuple[str, ...] = ("-m", "evals.verifier")  # the full judge, three timed roles per case
-    gates_module: str = "evals/verifier.py"
-    """The gates stage runs only when this file exists in the main checkout."""
     selfcheck_cmd: tuple[str, ...] = ("-m", "evals.selfcheck")
     residency_cmd: tuple[str, ...] = ("-m", "evals.residency")
     profile_cmd: tuple[str, ...] = ("-m", "evals.profile")

@@ -78,13 +78,14 @@ class Evaluator:
         return stage
 
     def gates(self, solution: Path) -> Stage:
-        if not self.task.gates_module or not (self.task.root / self.task.gates_module).is_file():
-            return Stage("gates", True, None, 0.0, f"skipped: {self.task.gates_module or 'no gates module'} is not in "
-                                                   "this checkout", None)
+        """The verifier's hard gates, untimed. A gates command that cannot run (a missing module, a crash) fails the
+        stage like any other: a verdict never says the gates passed when they did not run."""
         stage = self._run("gates", self.task.gates_cmd, ["--solution", str(solution), "--panel", self.panel],
                           self.work_dir / "gates.json")
         if stage.report and not stage.ok:
             stage.note = "failed gates: " + (_failed_gates(stage.report) or stage.note)
+        elif not stage.report:
+            stage.note = "the gates did not run: " + stage.note
         return stage
 
     def verify(self, solution: Path) -> Stage:

@@ -135,7 +135,10 @@ def evaluate_case(module, baseline, case, device, plan: TimingPlan, copy_gbps: f
     return result
 
 
-def run(solution: Path, panel: str, baseline_dir: Path = V0_DIR, log=print) -> dict:
+def run(solution: Path, panel: str, baseline_dir: Path = V0_DIR, log=print,
+        enforce_policy: bool = True) -> dict:
+    """The selfcheck report of ``solution``. ``enforce_policy`` False (never from the command line) lets a test drive
+    a candidate that the source policy would stop into the timed path, to see how the evaluator survives it."""
     info = kh.select_device()  # before any solution imports triton
     log(info.message)
 
@@ -147,7 +150,7 @@ def run(solution: Path, panel: str, baseline_dir: Path = V0_DIR, log=print) -> d
               "copy_gbps": kh.copy_bandwidth_gbps(info.device), "cases": []}
     baseline = load_solution(baseline_dir)
     try:
-        module = load_solution(solution)
+        module = load_solution(solution, enforce_policy=enforce_policy)
     except CANDIDATE_ERRORS as exc:
         failure = error_record("load", exc)
         results = [CaseResult(case=kh.case_dict(case), bytes=case.bytes_moved(), error=failure) for case in cases]
@@ -193,7 +196,7 @@ def print_summary(report: dict) -> None:
         print("note: " + report["timing_note"])
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, enforce_policy: bool = True) -> int:
     parser = argparse.ArgumentParser(prog="python -m evals.selfcheck", description=__doc__.split("\n")[0])
     parser.add_argument("--solution", default=str(ROOT / "methods" / "main"), help="solution directory (default methods/main)")
     parser.add_argument("--panel", default="visible", help="visible, smoke or a panel JSON file (default visible)")
@@ -202,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         resolve_solution_dir(args.solution)
-        report = run(Path(args.solution), args.panel, Path(args.baseline), log=lambda line: print(line, flush=True))
+        report = run(Path(args.solution), args.panel, Path(args.baseline), log=lambda line: print(line, flush=True),
+                     enforce_policy=enforce_policy)
     except (FileNotFoundError, ValueError, kh.SetupError) as exc:  # the user's paths or machine, not the candidate
         print(f"selfcheck: {exc}", file=sys.stderr)
         return 2

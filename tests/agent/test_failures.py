@@ -55,14 +55,13 @@ def test_raising_and_hanging_and_forbidden_candidates_are_recorded(project: Path
 
 def test_a_candidate_that_kills_its_process_is_recorded(project: Path, panel: Path):
     # The policy (run by the policy stage, inside the verifier's gates and by the evaluator's loader before any
-    # candidate code) would stop this candidate before it runs. A task whose policy stand-in passes everything, without
-    # the gates stage, and whose selfcheck is the real one with the loader's policy check off, lets the crash reach the
-    # selfcheck process: it dies of SIGKILL.
+    # candidate code) would stop this candidate before it runs. A task whose policy stand-in passes everything and
+    # whose selfcheck is the real one with the loader's policy check off (an argument of evals.selfcheck.main that the
+    # command line does not offer) lets the crash reach the selfcheck process: it dies of SIGKILL before any gate runs.
     clean = "import json, sys; json.dump({'clean': True, 'files': {}}, open(sys.argv[sys.argv.index('--json') + 1], 'w'))"
-    selfcheck = ("import runpy, evals.loader as loader; loader.load_solution.__defaults__ = (False,); "
-                 "runpy.run_module('evals.selfcheck', run_name='__main__')")
+    selfcheck = "import sys, evals.selfcheck as s; sys.exit(s.main(sys.argv[1:], enforce_policy=False))"
     task = project.parent / "task.json"
-    task.write_text(json.dumps({"policy_cmd": ["-c", clean], "gates_module": "", "selfcheck_cmd": ["-c", selfcheck]}))
+    task.write_text(json.dumps({"policy_cmd": ["-c", clean], "selfcheck_cmd": ["-c", selfcheck]}))
     calls = script(project.parent / "script.json", ("kills itself", candidate(project, KILLS_ITSELF, "import os\n")),
                    ("raises", candidate(project, RAISES)))
     run_agent(project, "run", "--iters", "2", "--backend", "scripted", "--script", str(calls), "--panel", str(panel),

@@ -45,7 +45,7 @@ def test_compare_keeps_by_the_task_score_not_by_a_geomean_over_cases():
 
 def evaluator(tmp_path: Path) -> Evaluator:
     task = Task(root=Path(__file__).resolve().parents[2], policy_cmd=("-c", PASS), selfcheck_cmd=("-c", SELFCHECK),
-                residency_cmd=("-c", PASS), gates_module="")
+                residency_cmd=("-c", PASS), gates_cmd=("-c", PASS))
     return Evaluator(task, "smoke", False, tmp_path / "work")
 
 
@@ -80,3 +80,16 @@ def test_a_close_candidate_is_timed_against_the_best_and_a_keeper_gets_residency
     lost = solution(tmp_path, "lost", 0.5, 0.9)
     verdict = evaluator(tmp_path).evaluate(lost, best, best_is_baseline=False, full_check=False, best_score=None)
     assert [s["name"] for s in verdict["stages"]] == ["policy", "selfcheck", "versus_best"] and not verdict["keep"]
+
+
+def test_a_keeper_whose_gates_cannot_run_is_not_kept(tmp_path: Path):
+    """A gates command that does not run (here: its module is missing) is a failed stage, never a pass."""
+    best = solution(tmp_path, "best", 1.5, 1.0)
+    close = solution(tmp_path, "close", 1.5, 1.1)
+    judge = evaluator(tmp_path)
+    judge.task.gates_cmd = ("-m", "evals.no_such_verifier", "--gates-only")
+    verdict = judge.evaluate(close, best, best_is_baseline=False, full_check=False, best_score=1.5)
+    gates = next(s for s in verdict["stages"] if s["name"] == "gates")
+    assert not gates["ok"] and "the gates did not run" in gates["note"] and "no_such_verifier" in gates["note"]
+    assert verdict["failed_stage"] == "gates" and verdict["gates"] == "FAIL"
+    assert not verdict["valid"] and not verdict["keep"]
