@@ -52,7 +52,7 @@ sealed-panel: ## draw a sealed panel outside the repository: SEED=1 [FILE=path]
 	$(PY) -m evals.verifier make-panel --seed $(SEED) $(if $(FILE),--out $(FILE))
 
 policy: ## the source policy on a solution's files: SOLUTION=methods/main
-	$(PY) -m evals.policy $(SOLUTION)/*.py
+	$(PY) -m evals.policy $(SOLUTION)
 
 profile: ## roofline and profiler summary per case: SOLUTION=methods/main PANEL=visible [JSON=]
 	$(PY) -m evals.profile --solution $(SOLUTION) --panel $(PANEL) $(if $(JSON),--json $(JSON))

@@ -1,6 +1,6 @@
 """Sweep a solution's tuning overrides over a panel on the GPU: correctness, eager latency, graph GPU time per plan.
 
-    python -m evals.sweep --solution methods/drafts/splitk --grid grid.json [--panel visible] [--jobs 12]
+    python -m evals.sweep --solution methods/drafts/w4a16 --grid grid.json [--panel visible] [--jobs 12]
                           [--pin] [--inputs N] [--keep] [--json OUT]
 
 The grid is a JSON list of override dicts, each passed as ``build(..., config=overrides)`` on top of the plan the

@@ -12,15 +12,15 @@ from evals import sweep
 from evals.loader import load_solution
 from tests.conftest import ROOT
 
-DRAFT = str(ROOT / "methods" / "drafts" / "splitk")
+FAMILY = str(ROOT / "methods" / "drafts" / "w4a16")
 
 
 def test_check_pair_runs_the_oracle_and_reports_a_bad_plan_as_a_row():
     case = kh.load_panel("smoke")[0]
-    good = sweep._check_pair(DRAFT, case, {"SWAP_AB": 1, "LAYOUT": 2, "BLOCK_SIZE_N": 128})
+    good = sweep._check_pair(FAMILY, case, {"BLOCK_SIZE_N": 128, "SPLIT_K": 2})
     assert good == {"ok": True, "error": None}
-    bad = sweep._check_pair(DRAFT, case, {"SWAP_AB": 1, "LAYOUT": 7})
-    assert not bad["ok"] and "LAYOUT must be one of (0, 1, 2, 3)" in bad["error"]
+    bad = sweep._check_pair(FAMILY, case, {"GRID": 7})
+    assert not bad["ok"] and "GRID must be one of (0, 1)" in bad["error"]
 
 
 def test_table_orders_plans_by_eager_time_against_the_own_plan():
@@ -44,31 +44,31 @@ def run_cli(*args):
 def test_cli_usage_errors(tmp_path):
     bad = tmp_path / "grid.json"
     bad.write_text('{"SWAP_AB": 1}')
-    run = run_cli("--solution", DRAFT, "--grid", str(bad))
+    run = run_cli("--solution", FAMILY, "--grid", str(bad))
     assert run.returncode == 2 and "a JSON list of objects" in run.stderr
-    run = run_cli("--solution", DRAFT, "--grid", str(tmp_path / "missing.json"))
+    run = run_cli("--solution", FAMILY, "--grid", str(tmp_path / "missing.json"))
     assert run.returncode == 2 and "missing.json" in run.stderr
     good = tmp_path / "good.json"
     good.write_text(json.dumps([{}]))
-    run = run_cli("--solution", DRAFT, "--grid", str(good), "--jobs", "0")
+    run = run_cli("--solution", FAMILY, "--grid", str(good), "--jobs", "0")
     assert run.returncode == 2 and "--jobs must be at least 1" in run.stderr
-    run = run_cli("--solution", DRAFT, "--grid", str(good), "--inputs", "0")
+    run = run_cli("--solution", FAMILY, "--grid", str(good), "--inputs", "0")
     assert run.returncode == 2 and "--inputs must be at least 1" in run.stderr
     run = run_cli("--solution", str(tmp_path), "--grid", str(good))
     assert run.returncode == 2 and "no solution.py" in run.stderr
     if not torch.cuda.is_available():
-        run = run_cli("--solution", DRAFT, "--grid", str(good))
+        run = run_cli("--solution", FAMILY, "--grid", str(good))
         assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
 
 
-def test_the_shipped_grid_names_only_knobs_the_draft_plans_with():
+def test_the_shipped_grid_names_only_knobs_the_family_plans_with():
     grid = json.loads((ROOT / "evals" / "sweep_grid.json").read_text())
-    module = load_solution(DRAFT)
+    module = load_solution(FAMILY)
     knobs = set(module.get_config())
-    assert grid[0] == {} and len(grid) >= 2  # the draft's own plan first: the table's "x own plan" column
+    assert grid[0] == {} and len(grid) >= 2  # the family's own plan first: the table's "x own plan" column
     for overrides in grid:
         assert set(overrides) <= knobs, set(overrides) - knobs
-        module.plan(24, 8192, 4096, overrides)  # a plan the draft accepts (BLOCK_SIZE_K stays the group)
+        module.plan(24, 8192, 4096, overrides)  # a plan the family accepts (BLOCK_SIZE_K stays the group)
 
 
 @pytest.mark.gpu
@@ -77,7 +77,7 @@ def test_pinned_sweep_with_the_verifiers_input_count_times_and_says_so(tmp_path)
     grid = tmp_path / "grid.json"
     grid.write_text(json.dumps([{}]))
     out = tmp_path / "sweep.json"
-    run = run_cli("--solution", DRAFT, "--grid", str(grid), "--panel", "smoke", "--jobs", "2", "--pin",
+    run = run_cli("--solution", FAMILY, "--grid", str(grid), "--panel", "smoke", "--jobs", "2", "--pin",
                   "--inputs", "32", "--keep", "--json", str(out))
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(out.read_text())

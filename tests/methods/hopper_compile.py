@@ -1,11 +1,14 @@
-"""Compile a split-K draft's main kernel for sm90 (no GPU needed) for every plan the visible panel gets (and the
-inline-PTX dequants on one case), and its stream-K kernel (GRID 1) for each visible case; print JSON.
+"""Compile the W4A16 family's kernels for sm90 (no GPU needed) for every plan the visible panel gets, the inline-PTX
+dequants on one case, and the stream-K kernel (GRID 1) for each visible case; print one JSON record per kernel.
 
 Usage: python tests/methods/hopper_compile.py SOLUTION_DIR   (without TRITON_INTERPRET: the interpreter never compiles)
 """
+import importlib
 import json
 import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -18,66 +21,107 @@ from triton.compiler import ASTSource  # noqa: E402
 from evals import kernel_harness as kh  # noqa: E402
 from evals.loader import load_solution  # noqa: E402
 
-POINTERS = {"x_ptr": "*fp16", "q_ptr": "*i32", "s_ptr": "*fp16", "b_ptr": "*fp16", "r_ptr": "*fp16", "out_ptr": "*fp16",
-            "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
+POINTERS = {"x_ptr": "*fp16", "q_ptr": "*i32", "s_ptr": "*fp16", "b_ptr": "*fp16", "r_ptr": "*fp16",
+            "out_ptr": "*fp16", "acc_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
+TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
-def compile_sm90(kernel_fn, constants: dict, options: dict) -> dict:
+def _cubin_tool(tool: str, args: list[str], cubin: bytes) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
+        file.write(cubin)
+        file.flush()
+        return subprocess.run([str(TOOLS / tool), *args, file.name], capture_output=True, text=True, check=True).stdout
+
+
+def registers(cubin: bytes) -> int:
+    """Registers per thread of the kernel in ``cubin``, as ptxas allocated them (cuobjdump's resource usage)."""
+    return int(re.search(r"REG:(\d+)", _cubin_tool("cuobjdump", ["--dump-resource-usage"], cubin)).group(1))
+
+
+def sass_loop_instructions(cubin: bytes) -> int:
+    """Machine instructions of the K loop: from the label that the branch after the last HGMMA jumps back to, to
+    that branch (0 without an HGMMA)."""
+    sass = _cubin_tool("nvdisasm", ["-c"], cubin)
+    first, last = sass.find("HGMMA"), sass.rfind("HGMMA")
+    if first < 0:
+        return 0
+    branch = re.compile(r"BRA `\((\.L_x_\d+)\)")
+    for found in branch.finditer(sass, last):
+        label = sass.rfind(f"\n{found.group(1)}:", 0, first)
+        if label >= 0:
+            body = sass[label:found.end()]
+            return len(re.findall(r"^\s+/\*[0-9a-f]+\*/\s+\S", body, re.MULTILINE))
+    return 0
+
+
+def loop_body(ptx: str) -> str:
+    """The K loop: from the block label that opens the loop of the first MMA to the branch after the last MMA."""
+    mma = [found.start() for found in re.finditer(r"wgmma\.mma_async", ptx)]
+    if not mma:
+        return ""
+    labels = [found.start() for found in re.finditer(r"^\$L__BB\d+_\d+:", ptx[:mma[0]], re.MULTILINE)]
+    return ptx[labels[-1] if labels else 0:ptx.find("bra", mma[-1])]
+
+
+def instructions(ptx: str) -> int:
+    """PTX instructions (inline-assembly ones included) in ``ptx``: statements, not declarations or labels."""
+    lines = (line.strip() for line in ptx.splitlines())
+    return sum(1 for line in lines if line.endswith(";") and not line.startswith((".", "//")))
+
+
+def compile_sm90(kernel_fn, pointers: dict, constants: dict, options: dict) -> dict:
     # the launches' own specialization: 16-byte aligned pointers, N and K divisible by 16
-    source = ASTSource(fn=kernel_fn, constexprs=constants, signature=POINTERS | dict.fromkeys(constants, "constexpr"),
-                       attrs={(i,): [["tt.divisibility", 16]] for i, name in enumerate(POINTERS) if name != "M"})
+    source = ASTSource(fn=kernel_fn, constexprs=constants, signature=pointers | dict.fromkeys(constants, "constexpr"),
+                       attrs={(i,): [["tt.divisibility", 16]] for i, name in enumerate(pointers) if name != "M"})
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     ptx = kernel.asm["ptx"]
     # one launch: the last program reads the sums, then zeroes them, maybe in another thread layout; a barrier must
     # lie between the last read and the first zeroing store after it (one register repeated: the zeros)
     reads = ptx.rfind("ld.volatile.global")
-    zeroing = re.search(r"st\.global(?:\.v\d)?\.b32 \[[^\]]*\], \{ (%r\d+)(?:, \1)* \}", ptx[reads:]) if reads >= 0 else None
-    # the loop body: from the label that opens the block of the first MMA to the branch after the last one
-    mma = [found.start() for found in re.finditer(r"wgmma\.mma_async", ptx)]
-    body = ptx[ptx.rfind("$L__", 0, mma[0]):ptx.find("bra", mma[-1])] if mma else ""
-    return {"shared": kernel.metadata.shared, "f16x2_dequant": "sub.f16x2" in ptx,
+    zeroing = re.search(r"st\.global(?:\.v\d)?\.b32 \[[^\]]*\], \{ (%r\d+)(?:, \1)* \}", ptx[reads:]) \
+        if reads >= 0 else None
+    body = loop_body(ptx)
+    return {"shared": kernel.metadata.shared, "registers": registers(kernel.asm["cubin"]),
+            "loop_ptx": instructions(body), "loop_sass": sass_loop_instructions(kernel.asm["cubin"]),
+            "f16x2_dequant": "sub.f16x2" in ptx,
             "barrier_after_reads": bool(zeroing) and "bar.sync" in ptx[reads:reads + zeroing.start()],
-            "wgmma": bool(mma),
+            "wgmma": "wgmma.mma_async" in ptx,
             # the dequantized tile through shared memory: an ldmatrix in the loop body (an epilogue may use one)
             "ldmatrix_in_loop": "ldmatrix" in body, **options}
 
 
+def kernel_plan(module, case, overrides=None) -> tuple[str, dict, dict, dict]:
+    """(kernel name, constexpr values, compile options, the plan) of one case, as the family's host path launches it."""
+    cfg = module.plan(case.m, case.k, case.n, overrides)
+    blocks = {"BLOCK_SIZE_M": cfg["BLOCK_SIZE_M"], "BLOCK_SIZE_N": cfg["BLOCK_SIZE_N"],
+              "BLOCK_SIZE_K": cfg["BLOCK_SIZE_K"]}
+    tuning = {"SCALE_AFTER_DOT": cfg["SCALE_AFTER_DOT"], "DEQUANT": cfg["DEQUANT"]}
+    if cfg["GRID"] == 1:
+        name, constants = "w4a16_stream_kernel", {"ACTIVATION": 0, **tuning, **blocks}
+    else:
+        name, constants = "w4a16_splitk_kernel", {"ACTIVATION": 0, "SPLIT_K": cfg["SPLIT_K"], **tuning, **blocks}
+    return name, constants, {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}, cfg
+
+
 def main(solution: str) -> None:
     module = load_solution(Path(solution))
-    done, compiled = set(), []
+    kernels = importlib.import_module(module.__name__.rpartition(".")[0] + ".kernels")
     cases = kh.load_panel("visible")
-    # every visible plan, and the first case's with each dequant the tables do not use yet (inline PTX is assembled
-    # by ptxas here, so a sequence it rejects shows on CPU)
-    plans = [(case, None) for case in cases] + [(cases[0], {"DEQUANT": d}) for d in (2, 3)]
-    for case, overrides in plans:
-        cfg = module.plan(case.m, case.k, case.n, overrides)
-        for mode in ((0, 1) if cfg["SPLIT_K"] > 1 else (0,)):
-            constants = {"ACTIVATION": 0, "SPLIT_K": cfg["SPLIT_K"], "SWAP_AB": cfg["SWAP_AB"],
-                         "LAYOUT": cfg["LAYOUT"] if cfg["SWAP_AB"] else 0, "UNPACK": cfg["UNPACK"],
-                         "MAGIC": cfg["MAGIC"], "DEQUANT": cfg["DEQUANT"], "SCALE_AFTER_DOT": cfg["SCALE_AFTER_DOT"],
-                         "REDUCE_MODE": mode,
-                         "BLOCK_SIZE_M": cfg["BLOCK_SIZE_M"], "BLOCK_SIZE_N": cfg["BLOCK_SIZE_N"],
-                         "BLOCK_SIZE_K": cfg["BLOCK_SIZE_K"]}
-            options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
-            key = (tuple(sorted(constants.items())), tuple(sorted(options.items())))
-            if key in done:
-                continue
-            done.add(key)
-            compiled.append({"case": case.name, "kernel": "main", "reduce_mode": mode, "dequant": cfg["DEQUANT"],
-                             "layout": constants["LAYOUT"], **compile_sm90(module.w4a16_main_kernel, constants, options)})
-    for case in cases:  # GRID 1: one kernel whatever the split; its shared tiles always go through the accumulator
-        cfg = module.plan(case.m, case.k, case.n, {"GRID": 1})
-        constants = {"ACTIVATION": 0, "LAYOUT": cfg["LAYOUT"], "MAGIC": cfg["MAGIC"], "DEQUANT": cfg["DEQUANT"],
-                     "SCALE_AFTER_DOT": cfg["SCALE_AFTER_DOT"], "BLOCK_SIZE_M": cfg["BLOCK_SIZE_M"],
-                     "BLOCK_SIZE_N": cfg["BLOCK_SIZE_N"], "BLOCK_SIZE_K": cfg["BLOCK_SIZE_K"]}
-        options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
-        key = ("stream", tuple(sorted(constants.items())), tuple(sorted(options.items())))
-        if key in done:
+    # every visible plan, the unsplit path, each inline-PTX dequant on the first case (ptxas assembles the sequence
+    # here, so one it rejects shows on CPU), and the stream-K kernel (GRID 1) for each case
+    jobs = [(case, None) for case in cases] + [(cases[0], {"SPLIT_K": 1})]
+    jobs += [(cases[0], {"DEQUANT": d}) for d in (2, 3)] + [(case, {"GRID": 1}) for case in cases]
+    seen, records = set(), []
+    for case, overrides in jobs:
+        name, constants, options, cfg = kernel_plan(module, case, overrides)
+        key = (name, tuple(sorted(constants.items())), tuple(sorted(options.items())))
+        if key in seen:
             continue
-        done.add(key)
-        compiled.append({"case": case.name, "kernel": "stream", "reduce_mode": 1, "dequant": cfg["DEQUANT"],
-                         "layout": cfg["LAYOUT"], **compile_sm90(module.w4a16_stream_kernel, constants, options)})
-    print(json.dumps(compiled))
+        seen.add(key)
+        records.append({"case": case.name, "kernel": name, "split_k": constants.get("SPLIT_K", 0),
+                        "dequant": cfg["DEQUANT"], "block_n": cfg["BLOCK_SIZE_N"],
+                        **compile_sm90(getattr(kernels, name), POINTERS, constants, options)})
+    print(json.dumps(records))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The draft's inline-PTX dequant sequences, executed by a small model of the PTX instructions they use.
+"""The W4A16 family's inline-PTX dequant sequences, executed by a small model of the PTX instructions they use.
 
 The interpreter never runs inline PTX (DEQUANT 2 and 3 run as DEQUANT 1 on CPU), and the GPU tests run it only where
 a GPU is. This model reads the very text the kernel inlines and checks, for words covering every code at every nibble,
@@ -6,6 +6,7 @@ that output $i is the fp16 value code_i - 8 of nibble i: wrong constants, masks,
 """
 import random
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -13,7 +14,8 @@ import pytest
 from evals.loader import load_solution
 from tests.conftest import ROOT
 
-S = load_solution(ROOT / "methods" / "drafts" / "splitk")
+_FAMILY = load_solution(ROOT / "methods" / "drafts" / "w4a16")
+KERNELS = sys.modules[_FAMILY.__name__.rpartition(".")[0] + ".kernels"]
 
 MASK32 = 0xFFFFFFFF
 
@@ -81,9 +83,9 @@ def _words() -> list[int]:
     return words + [rng.getrandbits(32) for _ in range(300)]
 
 
-@pytest.mark.parametrize("name", ["_DEQUANT_PTX", "_DEQUANT_PTX_ONE_SHIFT"])
+@pytest.mark.parametrize("name", ["DEQUANT_PTX", "DEQUANT_PTX_ONE_SHIFT"])
 def test_each_output_is_its_nibble_minus_eight_in_fp16(name):
-    asm = getattr(S, name).value
+    asm = getattr(KERNELS, name).value
     for word in _words():
         got = run_ptx(asm, word)
         want = [_bits(((word >> 4 * i) & 0xF) - 8) for i in range(8)]
@@ -91,7 +93,7 @@ def test_each_output_is_its_nibble_minus_eight_in_fp16(name):
 
 
 def test_the_model_catches_a_wrong_sequence():
-    broken = S._DEQUANT_PTX.value.replace("0x64086408", "0x64076407")  # subtracts 1031: every value off by one
+    broken = KERNELS.DEQUANT_PTX.value.replace("0x64086408", "0x64076407")  # subtracts 1031: every value off by one
     assert run_ptx(broken, 0x76543210) != [_bits(i - 8) for i in range(8)]
-    swapped = S._DEQUANT_PTX_ONE_SHIFT.value.replace("mov.b32 {$1, $5}, t1", "mov.b32 {$5, $1}, t1")
+    swapped = KERNELS.DEQUANT_PTX_ONE_SHIFT.value.replace("mov.b32 {$1, $5}, t1", "mov.b32 {$5, $1}, t1")
     assert run_ptx(swapped, 0x76543210) != [_bits(i - 8) for i in range(8)]

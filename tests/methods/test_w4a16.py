@@ -1,0 +1,310 @@
+"""The W4A16 family (methods/drafts/w4a16): the oracle on the smoke panel and odd shapes, each tuning knob, forced
+and clamped split-K, stream-K, the kept accumulator over repeated calls, fresh outputs, untouched inputs, odd
+layouts and clear errors; the CPU interpreter runs the pure-Triton dequant (tests/conftest.py chooses the device)."""
+import ast
+import gc
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from evals import kernel_harness as kh
+from evals.loader import load_solution
+from tests.conftest import ROOT
+
+FAMILY = ROOT / "methods" / "drafts" / "w4a16"
+S = load_solution(FAMILY)
+PACK = sys.modules[S.__name__.rpartition(".")[0] + ".pack"]
+LAUNCH = sys.modules[S.__name__.rpartition(".")[0] + ".launch"]
+DEVICE = kh.select_device().device  # CUDA where present, else CPU tensors under the interpreter
+
+
+def _check(case, mode="normal", config=None):
+    t = kh.generate(case, mode, DEVICE)
+    fn = S.build(t.qweight, t.scales, t.bias, case.epilogue, config=config)
+    out = fn(t.x, t.residual)
+    ref = kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
+    result = kh.check_output(out, ref, (case.m, case.n))
+    assert result.ok, f"{case.name} {mode} {config}: {result}"
+    return fn, t, out
+
+
+@pytest.mark.parametrize("mode", kh.MODES)
+@pytest.mark.parametrize("case", kh.load_panel("smoke"), ids=lambda c: c.name)
+def test_smoke_panel(case, mode):
+    _check(case, mode)
+
+
+# the general path: M from 1 to past one M tile, K from one group up, N tiles of 256 and 768 columns
+EXTRA = [(m, k, n, ep) for m in (1, 5, 18, 32, 40)
+         for (k, n, ep) in ((384, 256, "silu"), (640, 512, "gelu_tanh"), (128, 768, "silu"))]
+
+
+@pytest.mark.parametrize("mode", kh.MODES)
+@pytest.mark.parametrize("m,k,n,ep", EXTRA)
+def test_extra_shapes(m, k, n, ep, mode):
+    _check(kh.Case("extra", m, k, n, ep, 900 + m), mode)
+
+
+# K = 640 is 5 groups: SPLIT_K 2 gives 2 + 3 groups, 3 gives 1 + 2 + 2; K = 384 (3 groups) with SPLIT_K 2 gives 1 + 2.
+@pytest.mark.parametrize("split_k", [1, 2, 3])
+@pytest.mark.parametrize("m,k,n,ep", [(5, 640, 256, "gelu_tanh"), (18, 384, 512, "silu"), (40, 640, 256, "silu"),
+                                      (1, 384, 512, "silu")])
+@pytest.mark.parametrize("mode", kh.MODES)
+def test_forced_split_k(m, k, n, ep, split_k, mode):
+    assert S.plan(m, k, n, {"SPLIT_K": split_k})["SPLIT_K"] == split_k
+    _check(kh.Case("split", m, k, n, ep, 77), mode, {"SPLIT_K": split_k})
+
+
+@pytest.mark.parametrize("variant", [
+    {"BLOCK_SIZE_N": 128}, {"BLOCK_SIZE_N": 256, "num_warps": 8}, {"BLOCK_SIZE_M": 16, "SPLIT_K": 2},
+    {"SCALE_AFTER_DOT": 0}, {"SCALE_AFTER_DOT": 0, "SPLIT_K": 3}, {"DEQUANT": 3}, {"DEQUANT": 1, "SPLIT_K": 1},
+    # LAUNCH 2 (bare addresses) changes only the compiled CUDA path; the interpreter runs these like LAUNCH 1
+    {"LAUNCH": 2, "SPLIT_K": 3}, {"LAUNCH": 2, "SPLIT_K": 1},
+    # GRID 1 (stream-K) on 8 tiles x 5 groups = 40 steps: 7 programs share tiles (5 or 6 steps each), 8 own one tile
+    # each (the direct epilogue), 3 cross several tiles, 1 does everything; 16-row tiles give two M tiles
+    {"GRID": 1, "MIN_PROGRAMS": 7}, {"GRID": 1, "MIN_PROGRAMS": 8}, {"GRID": 1, "MIN_PROGRAMS": 3, "LAUNCH": 2},
+    {"GRID": 1, "MIN_PROGRAMS": 1}, {"GRID": 1, "MIN_PROGRAMS": 0}, {"GRID": 1, "MIN_PROGRAMS": 6, "BLOCK_SIZE_M": 16},
+    {"GRID": 1, "MIN_PROGRAMS": 9, "SCALE_AFTER_DOT": 0}, {"GRID": 1, "MIN_PROGRAMS": 11, "BLOCK_SIZE_N": 128}])
+@pytest.mark.parametrize("mode", kh.MODES)
+def test_variants(variant, mode):
+    _check(kh.Case("variant", 19, 640, 512, "gelu_tanh", 5), mode, variant)
+
+
+def _code(words, k, n):
+    return (int(words[k // 8, n]) >> (4 * (k % 8))) & 0xF
+
+
+def test_operand_order_words_hold_every_code_where_the_kernel_unpacks_it():
+    """Word 4t + q, nibble 4 e0 + 2 e1 + c1 of a group holds its row 32q + 16 c1 + 8 e1 + 2t + e0; every code of the
+    caller's words appears exactly once."""
+    case = kh.Case("repack", 3, 512, 256, "silu", 7)
+    t = kh.generate(case, "normal", DEVICE)
+    ordered = PACK.operand_order(t.qweight)
+    assert ordered.dtype == torch.int32 and ordered.shape == t.qweight.shape
+    for k in (0, 1, 2, 7, 8, 9, 16, 31, 33, 100, 127, 128, 255, 300, 511):
+        for n in (0, 5, 255):
+            g, row = divmod(k, 128)
+            q, rest = divmod(row, 32)
+            c1, rest = divmod(rest, 16)
+            e1, rest = divmod(rest, 8)
+            t_, e0 = divmod(rest, 2)
+            word, nibble = 16 * g + 4 * t_ + q, 4 * e0 + 2 * e1 + c1
+            assert _code(ordered, 8 * word + nibble, n) == _code(t.qweight, k, n), (k, n)
+    # a permutation of each group's codes: the same multiset of nibbles per column and group
+    src = torch.stack([(t.qweight >> (4 * i)) & 0xF for i in range(8)], 1).view(4, 128, 256)
+    dst = torch.stack([(ordered >> (4 * i)) & 0xF for i in range(8)], 1).view(4, 128, 256)
+    assert torch.equal(src.sort(1).values, dst.sort(1).values)
+    assert torch.equal(PACK.operand_order(t.qweight, chunk_bytes=1), ordered)  # one group at a time, same words
+
+
+def test_program_blocks_put_each_word_where_its_program_reads_it():
+    case = kh.Case("repack", 3, 512, 512, "silu", 6)
+    t = kh.generate(case, "normal", DEVICE)
+    blocks = PACK.program_blocks(t.qweight, 128)
+    assert blocks.shape == (4, 4, 128, 16) and blocks.is_contiguous()
+    j, n = 9, 300  # word row 9 (group 0, word 9) of column 300 (tile 2, column 44)
+    assert int(blocks[n // 128, j // 16, n % 128, j % 16]) == int(t.qweight[j, n])
+    assert torch.equal(PACK.operand_blocks(t.qweight, 128), PACK.program_blocks(PACK.operand_order(t.qweight), 128))
+
+
+def test_split_clamped_to_groups():
+    assert S.plan(18, 256, 256, {"SPLIT_K": 9})["SPLIT_K"] == 2  # 2 groups: each split keeps at least one
+    _check(kh.Case("clamp", 18, 256, 256, "silu", 3), "normal", {"SPLIT_K": 9})
+
+
+VISIBLE = [(c.m, c.k, c.n) for c in kh.load_panel("visible")]
+
+
+def test_plans_of_the_visible_shapes():
+    for m, k, n in VISIBLE:
+        cfg = S.plan(m, k, n)
+        # the fewest splits that give MIN_PROGRAMS programs (132 SMs: 2 to 5 per SM), never past one group per split
+        tiles, target = cfg["M_TILES"] * cfg["N_TILES"], cfg["MIN_PROGRAMS"]
+        assert 132 <= target <= 5 * 132 and cfg["GRID"] == 0
+        assert tiles * cfg["SPLIT_K"] >= target or cfg["SPLIT_K"] == k // 128
+        assert tiles * (cfg["SPLIT_K"] - 1) < target
+    assert S.plan(24, 8192, 28672)["MIN_PROGRAMS"] == 528  # the widest outputs' tier
+    for m in (1, 5, 16, 17, 32, 33, 100):
+        cfg = S.plan(m, 8192, 3072)
+        assert cfg["BLOCK_SIZE_M"] == (16 if m <= 16 else 32) and cfg["BLOCK_SIZE_K"] == S.GROUP_SIZE
+
+
+def test_tables_and_search_space_are_plain_literals_that_agree_with_plan():
+    """The offline proposer reads get_config, TIERS and SEARCH_SPACE without importing the file: each must be a
+    literal; every value the space offers must be one plan() accepts, and every refused combination refused."""
+    tree = ast.parse((FAMILY / "solution.py").read_text())
+    func = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "get_config")
+    assert isinstance(func.body[-1], ast.Return) and isinstance(func.body[-1].value, ast.Dict)
+    space = next(n.value for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "SEARCH_SPACE")
+    assert ast.literal_eval(space) == S.SEARCH_SPACE
+    config = S.get_config()
+    for knob, entry in S.SEARCH_SPACE["knobs"].items():
+        assert knob in config and config[knob] in entry["values"] and entry["reason"], knob
+        assert set(entry.get("unmeasured", [])) <= set(entry["values"]), knob
+        for value in entry["values"]:
+            base = {"SPLIT_K": 0} if knob == "GRID" else {}
+            S.plan(18, 1024, 512, base | {knob: value})
+    for rule in S.SEARCH_SPACE["refused"]:
+        combo = {knob: values[0] for knob, values in rule["when"].items()}
+        with pytest.raises(ValueError):
+            S.plan(18, 1024, 512, combo)
+    for knob, alternatives in S.SEARCH_SPACE["only_when"].items():
+        assert knob in config and all(set(a) <= set(config) for a in alternatives), knob
+
+
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_fresh_outputs_do_not_alias(split_k):
+    case = kh.Case("alias", 18, 384, 256, "silu", 11)
+    fn, t, first = _check(case, "normal", {"SPLIT_K": split_k})
+    first_copy = first.clone()
+    (x2, r2), = kh.make_inputs(case, 1, seed=99, device=DEVICE)
+    second = fn(x2, r2)
+    assert second is not first and second.data_ptr() != first.data_ptr()
+    assert torch.equal(first, first_copy), "an earlier output was overwritten"
+    assert kh.check_output(second, kh.reference(x2, t.qweight, t.scales, t.bias, r2, case.epilogue), (18, 256)).ok
+    third = fn(t.x, t.residual)  # same inputs again: equal values, a new tensor
+    assert third.data_ptr() not in (first.data_ptr(), second.data_ptr()) and torch.equal(third, first)
+    for out in (first, second, third):
+        for tensor in (t.x, t.residual, x2, r2, t.qweight, t.scales, t.bias):
+            assert out.untyped_storage().data_ptr() != tensor.untyped_storage().data_ptr()
+
+
+def test_inputs_unchanged():
+    case = kh.Case("unchanged", 21, 640, 256, "gelu_tanh", 4)
+    t = kh.generate(case, "adversarial", DEVICE)
+    copies = [v.clone() for v in (t.qweight, t.scales, t.bias, t.x, t.residual)]
+    fn = S.build(t.qweight, t.scales, t.bias, case.epilogue, config={"SPLIT_K": 3})
+    fn(t.x, t.residual)
+    for a, b in zip(copies, (t.qweight, t.scales, t.bias, t.x, t.residual)):
+        assert torch.equal(a, b)
+
+
+def test_non_contiguous_and_misaligned_inputs():
+    case = kh.Case("layout", 18, 384, 256, "silu", 8)
+    t = kh.generate(case, "normal", DEVICE)
+    fn = S.build(t.qweight, t.scales, t.bias, case.epilogue)
+    ref = kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
+    x_t = t.x.t().contiguous().t()  # same values, column-major
+    flat = torch.empty(t.residual.numel() + 1, dtype=torch.float16, device=DEVICE)
+    r_off = flat[1:].view(case.m, case.n)  # contiguous but 2 bytes past an aligned base
+    r_off.copy_(t.residual)
+    assert kh.check_output(fn(x_t, r_off), ref, (case.m, case.n)).ok
+
+
+def test_validation_errors():
+    case = kh.Case("errors", 18, 256, 256, "silu", 1)
+    t = kh.generate(case, "normal", DEVICE)
+    with pytest.raises(ValueError, match="epilogue must be one of"):
+        S.build(t.qweight, t.scales, t.bias, "relu")
+    with pytest.raises(ValueError, match="scales must be contiguous fp16"):
+        S.build(t.qweight, t.scales.float(), t.bias, "silu")
+    with pytest.raises(ValueError, match="K must be a positive multiple of 128"):
+        S.build(t.qweight[:, :128].contiguous(), t.scales[:, :128].contiguous(), t.bias[:128].contiguous(), "silu")
+    fn = S.build(t.qweight, t.scales, t.bias, "silu")
+    for x, residual in ((t.x.float(), t.residual), (t.x[:, :128], t.residual), (t.x, t.residual[:5]),
+                        (t.x, t.residual.float()), (t.x[:0], t.residual[:0])):
+        with pytest.raises(ValueError, match="must be fp16|at least one row"):
+            fn(x, residual)
+    if DEVICE.type == "cuda":  # LAUNCH 2 passes bare addresses, which the launcher cannot check: every call does
+        raw = S.build(t.qweight, t.scales, t.bias, "silu", config={"LAUNCH": 2})
+        raw(t.x, t.residual)
+        with pytest.raises(ValueError, match="must be on"):
+            raw(t.x.cpu(), t.residual)
+    else:  # the interpreter reads tensors, never addresses: the first call of an M checks the devices
+        with pytest.raises(ValueError, match="must be on"):
+            S.build(t.qweight, t.scales, t.bias, "silu")(t.x.to("meta"), t.residual.to("meta"))
+    for bad in ({"DEQUANT": 7}, {"LAUNCH": 3}, {"GRID": 2}, {"SCALE_AFTER_DOT": 2}):  # a typo is an error
+        with pytest.raises(ValueError, match=f"{next(iter(bad))} must be one of"):
+            S.plan(18, 256, 256, bad)
+    with pytest.raises(ValueError, match="SPLIT_K must be 0"):
+        S.plan(18, 256, 256, {"GRID": 1, "SPLIT_K": 2})
+    with pytest.raises(ValueError, match="BLOCK_SIZE_K must equal"):
+        S.plan(18, 256, 256, {"BLOCK_SIZE_K": 64})
+
+
+def _same_call_again(again, first, ref, case):
+    """A repeated call agrees with the oracle; on one thread (the interpreter) also bit for bit with the first. On a
+    GPU the splits' atomic adds land in any order, so fp32 rounding may differ in the last bits."""
+    assert kh.check_output(again, ref, (case.m, case.n)).ok
+    if DEVICE.type != "cuda":
+        assert torch.equal(again, first)
+
+
+@pytest.mark.parametrize("config", [{"SPLIT_K": 3}, {"GRID": 1, "MIN_PROGRAMS": 7}])
+def test_the_kept_accumulator_is_clean_after_every_call_and_kept_for_one_m(config):
+    case = kh.Case("one-launch", 18, 640, 512, "gelu_tanh", 12)
+    fn, t, first = _check(case, "adversarial", config)
+    for seed in (1, 2):  # fresh inputs: a leftover partial sum or counter would show in the next result
+        (x, r), = kh.make_inputs(case, 1, seed=seed, device=DEVICE)
+        out = fn(x, r)
+        assert kh.check_output(out, kh.reference(x, t.qweight, t.scales, t.bias, r, case.epilogue), (18, 512)).ok
+    ref = kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
+    _same_call_again(fn(t.x, t.residual), first, ref, case)
+    other = kh.Case("one-launch", 7, 640, 512, "gelu_tanh", 12)  # another M takes over the accumulator, and back
+    (x7, r7), = kh.make_inputs(other, 1, seed=3, device=DEVICE)
+    out7 = fn(x7, r7)
+    assert kh.check_output(out7, kh.reference(x7, t.qweight, t.scales, t.bias, r7, case.epilogue), (7, 512)).ok
+    _same_call_again(fn(t.x, t.residual), first, ref, case)
+    gc.collect()
+    accumulators = [o for o in gc.get_objects() if type(o) is torch.Tensor and o.dtype == torch.float32
+                    and tuple(o.shape) in ((7, case.n), (18, case.n))]
+    assert [tuple(a.shape) for a in accumulators] == [(18, case.n)], "one M keeps an accumulator at a time"
+    assert not accumulators[0].any(), "the accumulator is zero between calls"
+
+
+HOPPER_SHARED_BYTES = 232448  # the most shared memory one program may use on an H100/H200 (227 KiB)
+
+
+def test_stream_k_plan_and_the_programs_a_gpu_holds_at_once():
+    cfg = S.plan(24, 8192, 28672, {"GRID": 1})  # 448 tiles x 64 groups: the tier's 528 programs
+    assert cfg["PROGRAMS"] == 528 and cfg["SPLIT_K"] == 1
+    assert S.plan(19, 640, 512, {"GRID": 1, "MIN_PROGRAMS": 396})["PROGRAMS"] == 40  # never more than the steps
+    # registers allocated per warp in 256s; 1 KiB of shared memory reserved per block; at most 64 warps per SM
+    assert LAUNCH.programs_per_sm(104, 45056, 4, HOPPER_SHARED_BYTES) == 4  # 3328 registers a warp: 4 x 13312 fit
+    assert LAUNCH.programs_per_sm(127, 32768, 4, HOPPER_SHARED_BYTES) == 4  # 4096 a warp: exactly 4 blocks of 16384
+    assert LAUNCH.programs_per_sm(129, 32768, 4, HOPPER_SHARED_BYTES) == 3  # 4352 a warp: 65536 // 17408 = 3
+    assert LAUNCH.programs_per_sm(40, 100_000, 4, HOPPER_SHARED_BYTES) == 2  # shared memory decides
+    assert LAUNCH.programs_per_sm(16, 0, 8, HOPPER_SHARED_BYTES) == 8  # the 64-warp limit
+    assert LAUNCH.programs_per_sm(255, 200_000, 8, HOPPER_SHARED_BYTES) == 1  # never fewer than one
+
+
+# The family's default plans compiled for sm90 must match what the split-K draft's winning plans compiled to (the
+# H200 sweeps' LAYOUT 3, inline-PTX dequant, one-launch split-K: N tile 64, 4 warps, 4 stages, and 3 stages on the
+# widest tier): registers per thread and instructions of the K loop, with the accumulator path and without.
+SM90_EXPECTED = {  # (kernel, split?, num_stages, dequant): (registers, loop SASS instructions, shared bytes)
+    ("w4a16_splitk_kernel", True, 4, 2): ({103, 104}, {208, 209}, 45056),
+    ("w4a16_splitk_kernel", True, 3, 2): ({104}, {209}, 32768),
+    ("w4a16_splitk_kernel", False, 4, 2): ({95}, {195}, 45056),
+    ("w4a16_splitk_kernel", True, 4, 3): ({104}, {194}, 45056),
+    ("w4a16_stream_kernel", True, 4, 2): ({127}, {201}, 45056),
+    ("w4a16_stream_kernel", True, 3, 2): ({127}, {201}, 32768),
+}
+
+
+def test_every_visible_plan_compiles_for_hopper_as_the_measured_winners_did():
+    """Compiled to sm90 machine code on this machine (the interpreter never compiles, so a child process without
+    TRITON_INTERPRET does): a layout the GPU backend rejects, a tile over the shared memory, a lost barrier or a
+    dequantized tile through shared memory shows here, not on the GPU."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(Path(__file__).with_name("hopper_compile.py")), str(FAMILY)],
+                         capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    compiled = json.loads(run.stdout)
+    assert {k["kernel"] for k in compiled} == {"w4a16_splitk_kernel", "w4a16_stream_kernel"}
+    seen = set()
+    for kernel in compiled:
+        split = kernel["kernel"] == "w4a16_stream_kernel" or kernel["split_k"] > 1
+        key = (kernel["kernel"], split, kernel["num_stages"], kernel["dequant"])
+        seen.add(key)
+        registers, loop, shared = SM90_EXPECTED[key]
+        assert kernel["registers"] in registers and kernel["loop_sass"] in loop and kernel["shared"] == shared, kernel
+        assert kernel["shared"] <= HOPPER_SHARED_BYTES and kernel["wgmma"], kernel
+        assert kernel["barrier_after_reads"] == split, kernel  # zeroing sums another thread has not read yet
+        assert kernel["f16x2_dequant"], kernel  # the inline PTX reached the machine code (ptxas assembled it)
+        assert not kernel["ldmatrix_in_loop"], kernel  # the unpacked words are the wgmma operand
+    assert seen == set(SM90_EXPECTED)
