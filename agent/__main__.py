@@ -43,7 +43,8 @@ def resolve_backend(name: str) -> str:
 def resolve_panel(panel: str, cuda: bool) -> tuple[str, str | None]:
     if panel in ("visible", "smoke"):
         if panel == "visible" and not cuda:
-            return "smoke", "no CUDA GPU: using the smoke panel under the Triton interpreter; timings are not GPU timings"
+            return "smoke", ("no CUDA GPU: using the smoke panel under the Triton interpreter; "
+                             "timings are not GPU timings")
         return panel, None
     path = Path(panel).resolve()
     if not path.is_file():
@@ -72,7 +73,8 @@ def new_run(task: Task, args: argparse.Namespace) -> tuple[RunConfig, RunState, 
     workspace = Workspace(task.root, run_id, task.candidate_dir)
     start = start_point(task, config.start_from)
     workspace.create(start)
-    shutil.copytree(start, workspace.state_dir / "start", ignore=shutil.ignore_patterns("*.patch", "*.json", "__pycache__"))
+    shutil.copytree(start, workspace.state_dir / "start",
+                    ignore=shutil.ignore_patterns("*.patch", "*.json", "__pycache__"))
     # the run's first best is the start; name it by the version it equals so that rows and patches point at it
     sha = ledger.solution_sha256(start)
     same = [e["version"] for e in ledger.index_entries(task) if e.get("sha256") == sha]
@@ -203,7 +205,8 @@ def cmd_clean(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agent", description="kloop: the agent-driven kernel optimization loop")
+    parser = argparse.ArgumentParser(prog="python -m agent",
+                                     description="kloop: the agent-driven kernel optimization loop")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run the loop")
     run.add_argument("--iters", type=int, help="attempts to make (with --resume: the new total)")
@@ -220,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="residency guard and gates on every correct candidate, not only on those that would be kept")
     run.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
     submit = commands.add_parser("submit", help="evaluate and record a hand-written candidate as one attempt")
-    submit.add_argument("solution", help="a solution.py, or a folder whose *.py files (solution.py among them) replace the candidate's")
+    submit.add_argument("solution", help="a solution.py, or a folder whose *.py files (solution.py among them) "
+                                         "replace the candidate's")
     submit.add_argument("--summary", required=True, help="what changed (the ledger row's summary)")
     submit.add_argument("--hypothesis", help="why it should be faster")
     submit.add_argument("--panel", default="visible", help="visible, smoke or a panel JSON file")
@@ -235,14 +239,16 @@ def main(argv: list[str] | None = None) -> int:
     report_cmd.add_argument("run_id")
     promote_cmd = commands.add_parser("promote", help="check vN again and copy it into methods/main/")
     promote_cmd.add_argument("version", help="vN")
-    promote_cmd.add_argument("--force", action="store_true", help="promote even if a check fails (recorded in the ledger)")
-    promote_cmd.add_argument("--panel", help="visible, smoke or a panel JSON file (default visible, smoke without CUDA)")
+    promote_cmd.add_argument("--force", action="store_true",
+                             help="promote even if a check fails (recorded in the ledger)")
+    promote_cmd.add_argument("--panel",
+                             help="visible, smoke or a panel JSON file (default visible, smoke without CUDA)")
     promote_cmd.add_argument("--note", default="", help="why, written into the promotion's ledger row")
     promote_cmd.add_argument("--verify", action="store_true",
                              help="also run the full verifier (timing gates included; a GPU, minutes) before promoting")
     args = parser.parse_args(argv)
-    commands_by_name = {"run": cmd_run, "submit": cmd_submit, "status": cmd_status, "clean-workspace": cmd_clean, "report": cmd_report,
-                        "promote": cmd_promote}
+    commands_by_name = {"run": cmd_run, "submit": cmd_submit, "status": cmd_status, "clean-workspace": cmd_clean,
+                        "report": cmd_report, "promote": cmd_promote}
     return commands_by_name[args.command](args)
 
 

@@ -38,7 +38,8 @@ def _failed_gates(report: dict) -> str:
     """The failed gates of a verifier report, per case, with their first evidence."""
     failed = [f"{c['case']['name']}: {gate}: {'; '.join(map(str, c['gates'][gate]['evidence'][:1]))[:300]}"
               for c in report.get("cases", []) for gate in c.get("failed", [])]
-    failed += [f"{gate}" for gate, status in (report.get("gates") or {}).items() if status == "fail" and gate == "policy"]
+    failed += [f"{gate}" for gate, status in (report.get("gates") or {}).items()
+               if status == "fail" and gate == "policy"]
     return "; ".join(failed)[:1500]
 
 
@@ -73,7 +74,8 @@ class Evaluator:
     def policy(self, solution: Path) -> Stage:
         stage = self._run("policy", self.task.policy_cmd, [str(solution)], self.work_dir / "policy.json")
         if not stage.ok and stage.report and "files" in stage.report:
-            found = [f"{Path(f).name}:{v['line']} [{v['rule']}] {v['message']}" for f, vs in stage.report["files"].items() for v in vs]
+            found = [f"{Path(f).name}:{v['line']} [{v['rule']}] {v['message']}"
+                     for f, vs in stage.report["files"].items() for v in vs]
             stage.note = "policy violations: " + "; ".join(found[:5])
         return stage
 
@@ -101,10 +103,12 @@ class Evaluator:
         return stage
 
     def selfcheck(self, solution: Path, baseline: Path | None = None, name: str = "selfcheck") -> Stage:
-        args = ["--solution", str(solution), "--panel", self.panel] + (["--baseline", str(baseline)] if baseline else [])
+        args = ["--solution", str(solution), "--panel", self.panel]
+        args += ["--baseline", str(baseline)] if baseline else []
         stage = self._run(name, self.task.selfcheck_cmd, args, self.work_dir / f"{name}.json")
         if stage.report and "cases" in stage.report and not stage.ok:
-            stage.note = "incorrect: " + "; ".join(_case_failure(c) for c in stage.report["cases"] if not c["correct"])[:1500]
+            failures = "; ".join(_case_failure(c) for c in stage.report["cases"] if not c["correct"])
+            stage.note = "incorrect: " + failures[:1500]
         return stage
 
     def profile(self, solution: Path) -> Stage:
@@ -115,7 +119,8 @@ class Evaluator:
         stage = self._run("residency", self.task.residency_cmd, ["--solution", str(solution), "--panel", self.panel],
                           self.work_dir / "residency.json")
         if stage.report and "cases" in stage.report and not stage.ok:
-            stage.note = "residency: " + "; ".join(_case_failure(c) for c in stage.report["cases"] if not c.get("ok"))[:1500]
+            failures = "; ".join(_case_failure(c) for c in stage.report["cases"] if not c.get("ok"))
+            stage.note = "residency: " + failures[:1500]
         return stage
 
     def evaluate(self, solution: Path, best: Path, best_is_baseline: bool, full_check: bool = True,
@@ -152,7 +157,8 @@ class Evaluator:
                     stages.extend(future.result() for future in checks)
         check = next((s.report for s in stages if s.name == "selfcheck" and s.report and "cases" in s.report), None)
         names = {s.name: s for s in stages}
-        verdict = {"stages": [s.summary() for s in stages], "failed_stage": next((s.name for s in stages if not s.ok), None),
+        verdict = {"stages": [s.summary() for s in stages],
+                   "failed_stage": next((s.name for s in stages if not s.ok), None),
                    "panel": self.panel, "gpu_timing": self.cuda,
                    "correct": None if check is None else bool(check.get("all_correct")),
                    # a case that raised (a compile error such as OutOfResources, a crash) rather than computed wrongly

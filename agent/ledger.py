@@ -45,7 +45,8 @@ def solution_files(directory: Path) -> list[Path]:
 
 def unified_patch(parent: Path | None, child: Path, label: str) -> str:
     """The candidate's .py files as a unified diff against its parent's (``label`` names the parent)."""
-    names = sorted({p.name for p in solution_files(child)} | ({p.name for p in solution_files(parent)} if parent else set()))
+    names = sorted({p.name for p in solution_files(child)}
+                   | ({p.name for p in solution_files(parent)} if parent else set()))
     chunks: list[str] = []
     for name in names:
         old = (parent / name).read_text().splitlines(keepends=True) if parent and (parent / name).is_file() else []

@@ -79,7 +79,8 @@ class Run:
         if self.config.time_limit_min is not None and minutes >= self.config.time_limit_min:
             raise LimitsExceeded(f"time limit of {self.config.time_limit_min:g} min reached")
         if self.config.cost_limit_usd is not None and self.state.cost_usd >= self.config.cost_limit_usd:
-            raise LimitsExceeded(f"cost limit ${self.config.cost_limit_usd:g} reached (${self.state.cost_usd:.4f} spent)")
+            raise LimitsExceeded(f"cost limit ${self.config.cost_limit_usd:g} reached "
+                                 f"(${self.state.cost_usd:.4f} spent)")
 
     def context(self, iteration: int) -> IterationContext:
         profile = self.best_profile()
@@ -93,7 +94,8 @@ class Run:
                         last_verdict=json.dumps(last, indent=1)[:3000] if last else "(none yet)",
                         profile=profile_text(profile) if profile else "(none yet)",
                         steps_left=getattr(self.proposer, "max_steps", "a few"))
-        prompts = {"system": render("system"), "task": render("task", **values), "iteration": render("iteration", **feedback)}
+        prompts = {"system": render("system"), "task": render("task", **values),
+                   "iteration": render("iteration", **feedback)}
         return IterationContext(iteration, prompts, profile)
 
     def step(self) -> None:
@@ -115,17 +117,20 @@ class Run:
             self.state.save(self.workspace.state_dir)
         self.attempt(iteration, summary, hypothesis, context, time.monotonic() - started)
 
-    def attempt(self, iteration: int, summary: str, hypothesis: str, context: IterationContext, propose_s: float) -> None:
+    def attempt(self, iteration: int, summary: str, hypothesis: str, context: IterationContext,
+                propose_s: float) -> None:
         started = time.monotonic()
         # a directory of its own per evaluation: a killed run's evaluator children may still write to theirs on --resume
         name = f"{iteration:03d}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{os.urandom(3).hex()}"
-        evaluator = Evaluator(self.task, self.config.panel, self.config.cuda, self.workspace.state_dir / "attempts" / name)
-        verdict = evaluator.evaluate(self.tools.candidate, self.best_dir, self.state.best_is_baseline, self.config.full_check,
-                                     self.state.best_score)
+        evaluator = Evaluator(self.task, self.config.panel, self.config.cuda,
+                              self.workspace.state_dir / "attempts" / name)
+        verdict = evaluator.evaluate(self.tools.candidate, self.best_dir, self.state.best_is_baseline,
+                                     self.config.full_check, self.state.best_score)
         if verdict["keep"]:
             decision = f"keep ({verdict['speedup_over_best']:.3f}x best, noise {verdict['noise']:.3f})"
         elif verdict["valid"] and verdict.get("compare_note", "").startswith("estimated"):
-            decision = f"revert (~{verdict['speedup_over_best']:.3f}x best from both scores against v0, not timed against it)"
+            decision = (f"revert (~{verdict['speedup_over_best']:.3f}x best from both scores against v0, "
+                        "not timed against it)")
         elif verdict["valid"]:
             decision = f"revert ({fmt(verdict['speedup_over_best'])}x best, noise {fmt(verdict['noise'])})"
         else:
@@ -144,12 +149,14 @@ class Run:
                  "prompt_tokens": context.usage.prompt_tokens, "completion_tokens": context.usage.completion_tokens,
                  "tokens": context.usage.tokens, "cost_usd": context.usage.cost_usd, "propose_s": round(propose_s, 2),
                  "eval_s": round(eval_s, 2), "wall_s": round(propose_s + eval_s, 2), "verdict": verdict}
-        recorded = ledger.record(self.task, self.tools.candidate, self.best_dir, self.state.best_label, row, verdict, extra)
+        recorded = ledger.record(self.task, self.tools.candidate, self.best_dir, self.state.best_label, row, verdict,
+                                 extra)
         self.workspace.commit(recorded.row)
         if verdict["keep"]:
             report = evaluator.work_dir / "selfcheck.json"
             (self.workspace.state_dir / "best_selfcheck.json").write_text(report.read_text())
-            self.state.best_label, self.state.best_score, self.state.best_is_baseline = recorded.version, verdict["score"], False
+            self.state.best_label, self.state.best_score, self.state.best_is_baseline = (
+                recorded.version, verdict["score"], False)
         else:
             replace_solution(self.tools.candidate, self.best_dir)  # the worktree returns to the best
         self.state.attempts = iteration
@@ -169,8 +176,10 @@ def summary(task: Task, state: RunState) -> str:
     if state.best_label == state.start_label:
         lines.append(f"no candidate beat the start ({state.start_label}, score {fmt(state.best_score)}).")
     else:
-        lines.append(f"best: {state.best_label}, score {fmt(state.best_score)} (speedup over v0, harmonic mean of strata)")
+        lines.append(f"best: {state.best_label}, score {fmt(state.best_score)} "
+                     "(speedup over v0, harmonic mean of strata)")
         lines.append(f"to promote it: make promote V={state.best_label.removeprefix('v')}  "
                      f"(python -m agent promote {state.best_label})")
-    lines.append(f"ledger: {task.ledger}; versions: {task.versions_dir}/; resume: python -m agent run --resume {state.run_id}")
+    lines.append(f"ledger: {task.ledger}; versions: {task.versions_dir}/; "
+                 f"resume: python -m agent run --resume {state.run_id}")
     return "\n".join(lines)

@@ -21,7 +21,8 @@ def current_label(task: Task) -> str:
     """The version methods/main equals, by sha256 (main when it matches none)."""
     sha = ledger.solution_sha256(task.root / task.candidate_dir)
     return next((e["version"] for e in ledger.index_entries(task) if e.get("sha256") == sha),
-                next((r["version"] for r in map(ledger.parse_row, ledger.rows(task)) if r.get("sha256") == sha), "main"))
+                next((r["version"] for r in map(ledger.parse_row, ledger.rows(task)) if r.get("sha256") == sha),
+                     "main"))
 
 
 def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: str | None = None, log=print,
@@ -36,15 +37,18 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
         return 2
     panel = panel or ("visible" if cuda else "smoke")
     stamp = datetime.now(timezone.utc)
-    evaluator = Evaluator(task, panel, cuda, task.root / "workspace" / ".promotions" / f"{version}-{stamp:%Y%m%d-%H%M%S}")
+    evaluator = Evaluator(task, panel, cuda,
+                          task.root / "workspace" / ".promotions" / f"{version}-{stamp:%Y%m%d-%H%M%S}")
     log(f"checking {version} on the {panel} panel ({'GPU' if cuda else 'CPU, Triton interpreter'}): "
         "source policy, gates, selfcheck, residency guard")
     verdict = evaluator.evaluate(source, task.versions / task.baseline_version, best_is_baseline=True)
     for stage in verdict["stages"]:
-        log(f"  {stage['name']:<10} {'ok' if stage['ok'] else 'FAILED'}  {stage['note'] if stage['note'] != 'ok' else ''}")
+        log(f"  {stage['name']:<10} {'ok' if stage['ok'] else 'FAILED'}  "
+            f"{stage['note'] if stage['note'] != 'ok' else ''}")
     if not verdict["valid"]:
         if not force:
-            log(f"promote: refused: {version} fails {verdict['failed_stage']}: {verdict['note']} (--force overrides, and is recorded)")
+            log(f"promote: refused: {version} fails {verdict['failed_stage']}: {verdict['note']} "
+                "(--force overrides, and is recorded)")
             return 1
         log(f"promote: forcing past {verdict['failed_stage']}; the ledger records it")
     verified = ""
@@ -55,7 +59,8 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
         log(f"  verifier   {'ok' if stage.ok else 'FAILED'}  {stage.note}")
         if not stage.ok:
             if not force:
-                log(f"promote: refused: {version} fails the verifier: {stage.note} (--force overrides, and is recorded)")
+                log(f"promote: refused: {version} fails the verifier: {stage.note} "
+                    "(--force overrides, and is recorded)")
                 return 1
             log("promote: forcing past the verifier; the ledger records it")
         verified = (f"; verifier on {Path(panel).name}: {stage.note[:160]}" if stage.ok

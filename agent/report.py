@@ -34,7 +34,8 @@ class RunData:
 
 
 def environment(root: Path) -> dict:
-    """Git commit and dirty flag, GPU, driver, torch and triton, asked of subprocesses (the agent never imports torch)."""
+    """Git commit and dirty flag, GPU, driver, torch and triton, asked of subprocesses (the agent never imports
+    torch)."""
     def ask(args: list[str]) -> str:
         try:
             done = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=120)
@@ -103,7 +104,8 @@ def score_plot(data: RunData) -> bytes | None:
         return None
     fig, ax = plt.subplots(figsize=(8, 3.2), dpi=110)
     if data.start and data.start.get("score"):
-        ax.axhline(data.start["score"], color="#999", linestyle="--", linewidth=1, label=f"start ({data.state.start_label})")
+        ax.axhline(data.start["score"], color="#999", linestyle="--", linewidth=1,
+                   label=f"start ({data.state.start_label})")
     marks = {"kept": ("o", "#2a9d3a"), "reverted": ("x", "#d08c00"), "failed": ("v", "#c0392b")}
     for kind, (marker, color) in marks.items():
         points = [(e["iteration"], e["verdict"].get("score") or 0.0) for e in data.entries if _kind(e) == kind]
@@ -115,7 +117,8 @@ def score_plot(data: RunData) -> bytes | None:
             best = e["verdict"]["score"]
         line.append((e["iteration"], best if best is not None else (data.start or {}).get("score")))
     if any(y is not None for _, y in line):
-        ax.step(*zip(*[(x, y) for x, y in line if y is not None]), where="post", color="#2a9d3a", linewidth=1, alpha=0.6)
+        ax.step(*zip(*[(x, y) for x, y in line if y is not None]), where="post", color="#2a9d3a", linewidth=1,
+                alpha=0.6)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("iteration")
     ax.set_ylabel("score (speedup over v0)")
@@ -139,23 +142,28 @@ def sections(task: Task, data: RunData) -> list[tuple[str, object]]:
     """The report as (heading, body) pairs; a body is text or a table (list of rows, the first the header)."""
     s, env = data.state, data.environment
     best = s.best_label
-    header = [["commit", f"{env['commit']}{' (dirty)' if env['dirty'] else ''}"], ["GPU", env["gpu"]], ["driver", env["driver"]],
-              ["torch / triton", f"{env['torch']} / {env['triton']}"], ["backend / model", f"{s.config.get('backend')} / {s.config.get('model') or '-'}"],
-              ["panel", str(s.config.get("panel"))], ["status", f"{s.status}, {s.attempts} of {s.config.get('iters')} attempts"
-                                                    + (f" ({s.stop_reason})" if s.stop_reason else "")],
+    header = [["commit", f"{env['commit']}{' (dirty)' if env['dirty'] else ''}"], ["GPU", env["gpu"]],
+              ["driver", env["driver"]], ["torch / triton", f"{env['torch']} / {env['triton']}"],
+              ["backend / model", f"{s.config.get('backend')} / {s.config.get('model') or '-'}"],
+              ["panel", str(s.config.get("panel"))],
+              ["status", f"{s.status}, {s.attempts} of {s.config.get('iters')} attempts"
+                         + (f" ({s.stop_reason})" if s.stop_reason else "")],
               ["tokens / cost", f"{s.tokens} / ${s.cost_usd:.4f}"], ["wall time", f"{s.wall_s / 60:.1f} min"],
-              ["timing", "CUDA events on the GPU" if s.config.get("cuda") else "Triton interpreter wall times on CPU: not GPU timings"]]
-    promote = (f"`make promote V={best.removeprefix('v')}` (or `python -m agent promote {best}`)" if best.startswith("v") and best != s.start_label
+              ["timing", "CUDA events on the GPU" if s.config.get("cuda")
+                         else "Triton interpreter wall times on CPU: not GPU timings"]]
+    promote = (f"`make promote V={best.removeprefix('v')}` (or `python -m agent promote {best}`)"
+               if best.startswith("v") and best != s.start_label
                else f"nothing to promote: no attempt beat the start ({s.start_label})")
     counts = {kind: sum(_kind(e) == kind for e in data.entries) for kind in ("kept", "reverted", "failed")}
     return [
         ("Run", [["field", "value"]] + header),
         ("Outcome", f"best {best}, score {_num(s.best_score, '{:.3f}')} (start {s.start_label}, "
-                    f"{_num((data.start or {}).get('score'), '{:.3f}')}); {counts['kept']} kept, {counts['reverted']} reverted, "
-                    f"{counts['failed']} failed. To promote: {promote}."),
+                    f"{_num((data.start or {}).get('score'), '{:.3f}')}); {counts['kept']} kept, "
+                    f"{counts['reverted']} reverted, {counts['failed']} failed. To promote: {promote}."),
         ("Score per iteration", "plot"),
         ("Per case: latency (us) and fraction of copy bandwidth",
-         [["case", "v0 us", "v0 %copy", "start us", "start %copy", "best us", "best %copy", "best vs v0"]] + case_table(data)),
+         [["case", "v0 us", "v0 %copy", "start us", "start %copy", "best us", "best %copy", "best vs v0"]]
+         + case_table(data)),
         ("Ledger rows of this run", [list(ledger.COLUMNS)] + [list(ledger.parse_row(r).values()) for r in data.rows]),
     ]
 
@@ -185,7 +193,8 @@ def write(task: Task, run_id: str) -> Path:
         page.append(f"<h2>{html.escape(heading)}</h2>")
         if body == "plot":
             md.append("![score per iteration](score.png)" if png else "(matplotlib is not installed: no plot)")
-            page.append(f'<img alt="score per iteration" src="data:image/png;base64,{base64.b64encode(png).decode()}">' if png else "<p>no plot</p>")
+            page.append(f'<img alt="score per iteration" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+                        if png else "<p>no plot</p>")
         elif isinstance(body, list):
             md.append(_md_table(body))
             page.append(_html_table(body))
@@ -193,8 +202,9 @@ def write(task: Task, run_id: str) -> Path:
             md.append(body)
             page.append(f"<p>{html.escape(body)}</p>")
     (out / "report.md").write_text("\n\n".join(md) + "\n")
-    (out / "report.html").write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>kloop run {run_id}</title>"
-                                     f"<style>{STYLE}</style></head><body><h1>kloop run {html.escape(run_id)}</h1>{''.join(page)}</body></html>\n")
+    (out / "report.html").write_text(
+        f"<!doctype html><html><head><meta charset='utf-8'><title>kloop run {run_id}</title>"
+        f"<style>{STYLE}</style></head><body><h1>kloop run {html.escape(run_id)}</h1>{''.join(page)}</body></html>\n")
     write_index(task)
     return out
 
@@ -205,8 +215,10 @@ def write_index(task: Task) -> None:
     for state_dir in sorted(runs_dir.iterdir()) if runs_dir.is_dir() else []:
         if (state_dir / "state.json").is_file():
             s = RunState.load(state_dir)
-            link = f"[report]({s.run_id}/report.md)" if (task.root / "reports" / s.run_id / "report.md").is_file() else "-"
-            rows.append([s.run_id, s.status, str(s.attempts), str(s.config.get("backend")), s.best_label, _num(s.best_score, "{:.3f}"), link])
+            link = (f"[report]({s.run_id}/report.md)" if (task.root / "reports" / s.run_id / "report.md").is_file()
+                    else "-")
+            rows.append([s.run_id, s.status, str(s.attempts), str(s.config.get("backend")), s.best_label,
+                         _num(s.best_score, "{:.3f}"), link])
     (task.root / "reports").mkdir(exist_ok=True)
     (task.root / "reports" / "index.md").write_text("# kloop runs\n\n" + _md_table(rows) + "\n")
 

@@ -36,7 +36,8 @@ def run_command(args: list[str], cwd: Path, timeout_s: float, env: dict[str, str
     except subprocess.TimeoutExpired:
         _kill_group(process.pid)
         output, _ = process.communicate()
-        return {"output": clip(output + f"\n[killed: no result within {timeout_s:g} s; the whole process group was killed]"),
+        return {"output": clip(output + f"\n[killed: no result within {timeout_s:g} s; "
+                                        "the whole process group was killed]"),
                 "returncode": 124, "timed_out": True}
     except BaseException:  # Ctrl-C or anything else: never leave the group running
         _kill_group(process.pid)

@@ -66,7 +66,8 @@ class Tools:
 
     def call(self, name: str, arguments: Any) -> dict:
         """Dispatch a tool call by name; an unknown tool or wrong arguments is a FormatError. A tool that fails on its
-        input (a write that cannot be encoded, git apply timing out) answers with returncode 1 and never ends the run."""
+        input (a write that cannot be encoded, git apply timing out) answers with returncode 1 and never ends the
+        run."""
         spec = next((s for s in SPECS if s["name"] == name), None)
         if spec is None:
             raise FormatError(f"unknown tool {name!r}; the tools are {', '.join(s['name'] for s in SPECS)}")
@@ -84,7 +85,8 @@ class Tools:
         relative = Path(path.strip())
         if relative.is_absolute():
             raise PermissionError("give a path relative to the project, such as methods/main/solution.py or spec")
-        is_record = relative.as_posix() == self.task.ledger or relative.parts[:2] == tuple(Path(self.task.versions_dir).parts)
+        is_record = (relative.as_posix() == self.task.ledger
+                     or relative.parts[:2] == tuple(Path(self.task.versions_dir).parts))
         base = self.task.root if is_record else self.worktree  # the live record is in the main checkout
         allowed = (base / "methods").resolve()
         resolved = (base / relative).resolve()
@@ -131,7 +133,8 @@ class Tools:
     def _search_replace(self, patch: str) -> dict:
         blocks = list(BLOCK.finditer(patch))
         if not blocks:
-            return result("no complete block: write <<<<<<< SEARCH, the old text, =======, the new text, >>>>>>> REPLACE", 1)
+            return result("no complete block: write <<<<<<< SEARCH, the old text, =======, the new text, "
+                          ">>>>>>> REPLACE", 1)
         edits: dict[Path, str] = {}
         for number, block in enumerate(blocks, 1):
             target = self._writable(block["path"] or "solution.py")
@@ -140,7 +143,8 @@ class Tools:
             if count != 1:
                 first = block["search"].strip().splitlines()[0] if block["search"].strip() else "(empty)"
                 where = "not found" if count == 0 else f"found {count} times (add context to make it unique)"
-                return result(f"block {number} ({target.name}): search text {where}; it begins {first!r}. Nothing was changed.", 1)
+                return result(f"block {number} ({target.name}): search text {where}; it begins {first!r}. "
+                              "Nothing was changed.", 1)
             edits[target] = text.replace(block["search"], block["replace"], 1)
         encoded = {target: text.encode() for target, text in edits.items()}  # all or nothing
         for target, data in encoded.items():
@@ -164,7 +168,8 @@ class Tools:
                           "all of them or on none. Nothing was changed.", 1)
         strip = 1 if all(prefixed) else 0
         inside = all(n.split("/", strip)[-1].startswith(self.task.candidate_dir + "/") for n in names)
-        args = ["git", "apply", "--recount", f"-p{strip}"] + ([] if inside else [f"--directory={self.task.candidate_dir}"])
+        args = (["git", "apply", "--recount", f"-p{strip}"]
+                + ([] if inside else [f"--directory={self.task.candidate_dir}"]))
         text = patch if patch.endswith("\n") else patch + "\n"
         listed = subprocess.run(args + ["--numstat", "-z"], cwd=self.worktree, input=text, capture_output=True,
                                 text=True, timeout=60)

@@ -117,7 +117,8 @@ class RunState:
 
 def all_runs(root: Path) -> list[RunState]:
     runs_dir = root / "workspace" / ".runs"
-    return [RunState.load(p) for p in sorted(runs_dir.iterdir()) if (p / "state.json").is_file()] if runs_dir.is_dir() else []
+    return ([RunState.load(p) for p in sorted(runs_dir.iterdir()) if (p / "state.json").is_file()]
+            if runs_dir.is_dir() else [])
 
 
 def pid_alive(pid: int) -> bool:

@@ -94,7 +94,8 @@ def gemlite_builder():
 PEERS = {
     "torch dequant+addmm": (build_dequant_addmm, "allowed peer"),
     "dense fp16 torch": (build_dense_fp16, "NOT allowed: keeps a dense fp16 weight"),
-    "torch _weight_int4pack_mm": (build_tinygemm, "tinygemm, bf16 activations and weights (the fp32 bound is not expected)"),
+    "torch _weight_int4pack_mm": (build_tinygemm,
+                                  "tinygemm, bf16 activations and weights (the fp32 bound is not expected)"),
 }
 
 
@@ -196,9 +197,10 @@ def run(panel: str, solutions: list[Path], log=print) -> dict:
         roofline_us = case.bytes_moved() / copy_gbps / 1e3
         gpu_floor = FIXED_KERNEL_US + roofline_us
         target = 1.5 * max(gpu_floor, floors["compiled_launch_us"])
-        rows = [bench_impl(name, note, build, case, weights, inputs, copy_gbps, flush, full) for name, note, build, full in impls]
-        cases.append({"case": kh.case_dict(case), "roofline_us": roofline_us, "gpu_floor_us": gpu_floor, "target_us": target,
-                      "rows": [asdict(r) for r in rows]})
+        rows = [bench_impl(name, note, build, case, weights, inputs, copy_gbps, flush, full)
+                for name, note, build, full in impls]
+        cases.append({"case": kh.case_dict(case), "roofline_us": roofline_us, "gpu_floor_us": gpu_floor,
+                      "target_us": target, "rows": [asdict(r) for r in rows]})
         log(format_case(cases[-1]))
     return {"device": info.name, "copy_gbps": copy_gbps, "host_floors": floors, "panel": str(panel), "cases": cases}
 
@@ -208,11 +210,13 @@ def format_case(entry: dict) -> str:
         return "-" if v is None else format(v, fmt)
 
     c = entry["case"]
-    lines = [f"{c['name']} ({c['stratum']}): roofline {entry['roofline_us']:.2f} us, GPU floor {entry['gpu_floor_us']:.2f} us, "
-             f"target (1.5x the larger floor) {entry['target_us']:.2f} us"]
-    lines.append(f"  {'implementation':<28} {'eager_us':>9} {'graph_hot':>9} {'flushed':>9} {'%copy':>6} {'correct':>7}  note")
+    lines = [f"{c['name']} ({c['stratum']}): roofline {entry['roofline_us']:.2f} us, "
+             f"GPU floor {entry['gpu_floor_us']:.2f} us, target (1.5x the larger floor) {entry['target_us']:.2f} us"]
+    lines.append(f"  {'implementation':<28} {'eager_us':>9} {'graph_hot':>9} {'flushed':>9} {'%copy':>6} "
+                 f"{'correct':>7}  note")
     for r in entry["rows"]:
-        lines.append(f"  {r['impl']:<28} {num(r['eager_us']):>9} {num(r['graph_hot_us']):>9} {num(r['graph_flushed_us']):>9} "
+        lines.append(f"  {r['impl']:<28} {num(r['eager_us']):>9} {num(r['graph_hot_us']):>9} "
+                     f"{num(r['graph_flushed_us']):>9} "
                      f"{num(r['flushed_copy_fraction'] and 100 * r['flushed_copy_fraction'], '.1f'):>6} "
                      f"{'-' if r['correct'] is None else ('yes' if r['correct'] else 'NO'):>7}  {r['note']}"
                      + (f"; error {r['error']}" if r['error'] else ""))
@@ -222,11 +226,13 @@ def format_case(entry: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m evals.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--panel", default="visible", help="visible or a panel JSON file (default visible)")
-    parser.add_argument("--solutions", nargs="+", default=["methods/versions/v0", "methods/main"], help="our solutions to time")
+    parser.add_argument("--solutions", nargs="+", default=["methods/versions/v0", "methods/main"],
+                        help="our solutions to time")
     parser.add_argument("--json", help="write the full report here")
     args = parser.parse_args(argv)
     try:
-        report = run(args.panel, [resolve_solution_dir(s) for s in args.solutions], log=lambda line: print(line, flush=True))
+        report = run(args.panel, [resolve_solution_dir(s) for s in args.solutions],
+                     log=lambda line: print(line, flush=True))
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2

@@ -141,7 +141,8 @@ def tamper_snapshot() -> dict[str, object]:
 # ----------------------------------------------------------------------------------------------------- output audits
 def poison_allocator(shape: tuple[int, int], device: torch.device) -> None:
     """Leave freed blocks of the output's size full of POISON_BITS, so that elements a call never writes show."""
-    blocks = [torch.full((shape[0] * shape[1],), POISON_BITS, dtype=torch.int16, device=device) for _ in range(POISON_COPIES)]
+    blocks = [torch.full((shape[0] * shape[1],), POISON_BITS, dtype=torch.int16, device=device)
+              for _ in range(POISON_COPIES)]
     del blocks
 
 
@@ -194,7 +195,8 @@ def span(tensor: torch.Tensor) -> tuple[int, int]:
 
 def overlaps(labelled: list[tuple[str, torch.Tensor]]) -> list[str]:
     """Pairs of tensors whose storages share bytes (sorted sweep, so 16,384 outputs cost a sort)."""
-    spans = sorted((*span(t), label) for label, t in labelled if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes())
+    spans = sorted((*span(t), label) for label, t in labelled
+                   if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes())
     found, reach, holder = [], -1, ""
     for start, end, label in spans:
         if start < reach:

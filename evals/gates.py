@@ -182,7 +182,8 @@ class Role:
             self.book.check("fresh_outputs", not unwritten, f"{label}: {unwritten} elements still hold the allocator "
                             "poison (never written)" if unwritten else f"{label}: every element written")
         result = kh.check_output(out, ref, self.shape)
-        self.book.check(numerics_gate, result.ok, f"{label}: {result.message} (worst {result.worst_excess:.3g} of the bound)")
+        self.book.check(numerics_gate, result.ok,
+                        f"{label}: {result.message} (worst {result.worst_excess:.3g} of the bound)")
         if keep:
             self.keep(label, out)
 
@@ -260,7 +261,8 @@ class Role:
         threads = threading.active_count()
         ok = not self.spies.events and threads <= self.threads_before
         self.book.check("isolation", ok, f"after {when}: {threads} threads (were {self.threads_before})"
-                        + (f"; {'; '.join(self.spies.events[:4])}" if self.spies.events else "; no file, process or socket use"))
+                        + (f"; {'; '.join(self.spies.events[:4])}" if self.spies.events
+                           else "; no file, process or socket use"))
 
     # --------------------------------------------------------------------------------------------- timing pass
     def timing_pass(self) -> None:
@@ -270,7 +272,8 @@ class Role:
         primed = [self.fn(*pool[i % len(pool)]) for i in range(s.prime_outputs)]
         self.calls += len(primed)
         self.validate_phase("primed", primed, [(0, len(primed), self.refs)])
-        ends = list(range(min(KEPT_PRIMED // 2, len(primed)))) + list(range(max(KEPT_PRIMED // 2, len(primed) - KEPT_PRIMED // 2), len(primed)))
+        ends = (list(range(min(KEPT_PRIMED // 2, len(primed))))
+                + list(range(max(KEPT_PRIMED // 2, len(primed) - KEPT_PRIMED // 2), len(primed))))
         for i in ends:
             self.keep(f"primed output {i}", primed[i])
         del primed  # released: the allocator now holds that many output blocks
@@ -291,7 +294,8 @@ class Role:
         self.record["times_us"] = times
         self.record["median_us"] = median = kh.median(times)
         per = s.calls_per_group  # each group's inputs drawn again from their seed: the oracle of one group at a time
-        groups = ((g * per, (g + 1) * per, references(self.case, self.weights, self.group_inputs(g))) for g in range(s.groups))
+        groups = ((g * per, (g + 1) * per, references(self.case, self.weights, self.group_inputs(g)))
+                  for g in range(s.groups))
         self.validate_phase("timed", timed, groups)
         del timed
         gbps = self.record.get("copy_gbps")
@@ -311,9 +315,10 @@ class Role:
             bad, messages = bad + wrong, messages + [f"outputs {start}..{stop - 1}: {m}" for m in found]
         self.book.check("schedule_outputs", not bad, f"{len(outs)} {phase} outputs: " + (
             f"{bad} bad: {messages[:EVIDENCE_CAP]}" if bad else "all within the fp32 bound"))
-        found = overlaps([(f"input {name}", t) for name, t in self.guarded.items()] + [(f"{phase} output {i}", o) for i, o in enumerate(outs)])
-        self.book.check("fresh_outputs", not found, f"{len(outs)} {phase} outputs: " + ("; ".join(found[:EVIDENCE_CAP]) if found
-                        else "storage disjoint from each other and from every input"))
+        found = overlaps([(f"input {name}", t) for name, t in self.guarded.items()]
+                         + [(f"{phase} output {i}", o) for i, o in enumerate(outs)])
+        self.book.check("fresh_outputs", not found, f"{len(outs)} {phase} outputs: " + (
+            "; ".join(found[:EVIDENCE_CAP]) if found else "storage disjoint from each other and from every input"))
 
     def group_inputs(self, group: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return kh.make_inputs(self.case, len(self.pool), seed=GROUP_SEED + group, device=self.device)
@@ -323,7 +328,8 @@ class Role:
         pool must still hold what the verifier wrote last: a write during the previous group shows here."""
         changed = changed_inputs(self.pool_names, self.guarded, self.versions, self.clones)
         if changed:
-            self.book.check("input_immutability", False, f"before timed group {group}: " + "; ".join(changed[:EVIDENCE_CAP]))
+            self.book.check("input_immutability", False,
+                            f"before timed group {group}: " + "; ".join(changed[:EVIDENCE_CAP]))
         for i, fresh in enumerate(self.group_inputs(group)):
             for name, target, values in zip((f"x[{i}]", f"residual[{i}]"), self.pool[i], fresh):
                 target.copy_(values)
@@ -336,9 +342,11 @@ class Role:
         self.stage = "closing checks"
         kh.synchronize(self.device)
         if self.kept:
-            changed = [label for label, out, clone in self.kept if out.shape != clone.shape or not same_values(out, clone)]
+            changed = [label for label, out, clone in self.kept
+                       if out.shape != clone.shape or not same_values(out, clone)]
             self.book.check("fresh_outputs", not changed, f"{len(self.kept)} kept outputs: " + (
-                f"overwritten after they were returned: {', '.join(changed[:EVIDENCE_CAP])}" if changed else "unchanged at the end"))
+                f"overwritten after they were returned: {', '.join(changed[:EVIDENCE_CAP])}" if changed
+                else "unchanged at the end"))
         problems = changed_inputs(list(self.guarded), self.guarded, self.versions, self.clones)
         self.book.check("input_immutability", not problems, "; ".join(problems[:EVIDENCE_CAP]) if problems else
                         f"{len(self.guarded)} inputs: values and _version unchanged")

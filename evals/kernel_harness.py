@@ -89,7 +89,8 @@ class Case:
 
     def bytes_moved(self) -> int:
         """The fewest bytes one call must move: int4 weight, scales, bias, x, residual and out."""
-        return self.k * self.n // 2 + (self.k // GROUP_SIZE) * self.n * 2 + self.n * 2 + 2 * self.m * self.k + 4 * self.m * self.n
+        return (self.k * self.n // 2 + (self.k // GROUP_SIZE) * self.n * 2 + self.n * 2
+                + 2 * self.m * self.k + 4 * self.m * self.n)
 
 
 def load_panel(panel: str | os.PathLike) -> list[Case]:
@@ -147,7 +148,7 @@ def generate(case: Case, mode: str = "normal", device: torch.device | str = "cpu
 
 
 def _generate_normal(case: Case, device: torch.device) -> CaseTensors:
-    m, k, n = case.m, case.k, case.n
+    k, n = case.k, case.n
     gen = _generator(device, case.seed, 1)
     codes = torch.randint(0, 16, (k, n), generator=gen, device=device, dtype=torch.int32)
     # |z| ~ 1.5: scale 0.33 / sqrt(K) against codes of std 4.6 and unit x
@@ -184,7 +185,8 @@ def _generate_adversarial(case: Case, device: torch.device) -> CaseTensors:
         nudge = torch.randint(-1, 2, (m, rows), generator=gen, device=device).float()
         nudge = nudge * (torch.rand((m, rows), generator=gen, device=device) < 0.2)
         x[:, rows : 2 * rows] = -x[:, :rows] + nudge
-    x[:, 2 * half * GROUP_SIZE :] = torch.randint(-2, 3, (m, k - 2 * half * GROUP_SIZE), generator=gen, device=device).float()
+    x[:, 2 * half * GROUP_SIZE :] = torch.randint(-2, 3, (m, k - 2 * half * GROUP_SIZE), generator=gen,
+                                                  device=device).float()
     scales = _coarse_fp16(scales)
     x = x.half()
     qweight = pack_int4(codes)
@@ -193,7 +195,8 @@ def _generate_adversarial(case: Case, device: torch.device) -> CaseTensors:
     act_z = _act(z, case.epilogue)
     lifted = torch.rand((m, n), generator=gen, device=device) < 0.25
     target = torch.sign(act_z) * (20000 + 28000 * torch.rand((m, n), generator=gen, device=device, dtype=torch.float64))
-    residual = torch.where(lifted, target - act_z, torch.randn((m, n), generator=gen, device=device, dtype=torch.float64))
+    residual = torch.where(lifted, target - act_z,
+                           torch.randn((m, n), generator=gen, device=device, dtype=torch.float64))
     residual = residual.clamp(-60000, 60000).half()
     exact = act_z + residual.double()
     if not torch.isfinite(exact).all() or exact.abs().max() > 0.95 * FP16_MAX:
@@ -201,7 +204,8 @@ def _generate_adversarial(case: Case, device: torch.device) -> CaseTensors:
     return CaseTensors(qweight, scales, bias, x, residual)
 
 
-def make_inputs(case: Case, count: int, seed: int, device: torch.device | str = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
+def make_inputs(case: Case, count: int, seed: int,
+                device: torch.device | str = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``count`` distinct fresh (x, residual) pairs of the normal regime."""
     device = torch.device(device)
     gen = _generator(device, case.seed, 3, seed)
@@ -228,7 +232,8 @@ def _matmul_f64(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ab
     step = GROUP_SIZE * 16
     acc = torch.zeros((x.shape[0], qweight.shape[1]), dtype=torch.float64, device=x.device)
     for k0 in range(0, k, step):
-        w = dequantize(qweight[k0 // 8 : (k0 + step) // 8], scales[k0 // GROUP_SIZE : (k0 + step) // GROUP_SIZE], torch.float64)
+        w = dequantize(qweight[k0 // 8 : (k0 + step) // 8], scales[k0 // GROUP_SIZE : (k0 + step) // GROUP_SIZE],
+                       torch.float64)
         xs = x[:, k0 : k0 + step].double()
         acc += xs.abs() @ w.abs() if absolute else xs @ w
     return acc
@@ -283,7 +288,8 @@ class CheckResult:
 def check_output(out, ref: Reference, shape: tuple[int, int]) -> CheckResult:
     """Shape, dtype, contiguity, finiteness and agreement of ``out`` with the oracle."""
     if type(out) is not torch.Tensor:  # a subclass could override the very operations this check uses
-        return CheckResult(False, f"output must be a plain torch.Tensor; got {type(out).__module__}.{type(out).__qualname__}")
+        return CheckResult(False, "output must be a plain torch.Tensor; "
+                                  f"got {type(out).__module__}.{type(out).__qualname__}")
     if tuple(out.shape) != tuple(shape):
         return CheckResult(False, f"output shape must be {tuple(shape)}; got {tuple(out.shape)}")
     if out.dtype != torch.float16:
@@ -311,7 +317,7 @@ def check_output(out, ref: Reference, shape: tuple[int, int]) -> CheckResult:
     return CheckResult(True, "ok", 0, worst)
 
 
-# ----------------------------------------------------------------------------------------------------- device and timing
+# ---------------------------------------------------------------------------------------------------- device and timing
 class SetupError(RuntimeError):
     """The machine is not set up to evaluate (the user's environment, not the candidate)."""
 

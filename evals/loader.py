@@ -19,7 +19,8 @@ def resolve_solution_dir(path: str | Path) -> Path:
     if path.is_file() and path.name == "solution.py":
         path = path.parent
     if not (path / "solution.py").is_file():
-        raise FileNotFoundError(f"no solution.py in {path}; pass a directory such as methods/main or methods/versions/v0")
+        raise FileNotFoundError(f"no solution.py in {path}; "
+                                "pass a directory such as methods/main or methods/versions/v0")
     return path.resolve()
 
 
@@ -35,7 +36,8 @@ class PolicyViolation(ImportError):
 def policy_violations(directory: Path) -> list[str]:
     from evals.policy import check_files
 
-    return [f"{Path(file).name}:{v.line}: [{v.rule}] {v.message}" for file, found in check_files([directory]).items() for v in found]
+    return [f"{Path(file).name}:{v.line}: [{v.rule}] {v.message}"
+            for file, found in check_files([directory]).items() for v in found]
 
 
 def load_solution(path: str | Path, enforce_policy: bool = True) -> ModuleType:
@@ -50,11 +52,12 @@ def load_solution(path: str | Path, enforce_policy: bool = True) -> ModuleType:
         found = policy_violations(directory)
         if found:
             raise PolicyViolation(f"the source policy rejects {directory.name}: " + "; ".join(found[:5])
-                                  + (f"; and {len(found) - 5} more" if len(found) > 5 else "") + " (python -m evals.policy shows why)")
+                                  + (f"; and {len(found) - 5} more" if len(found) > 5 else "")
+                                  + " (python -m evals.policy shows why)")
     compiled = compiled_files(directory)
     if compiled:
-        raise ImportError(f"{directory} holds compiled modules ({', '.join(p.name for p in compiled[:3])}); a solution is "
-                          "Python source only: remove them")
+        raise ImportError(f"{directory} holds compiled modules ({', '.join(p.name for p in compiled[:3])}); "
+                          "a solution is Python source only: remove them")
     sys.dont_write_bytecode = True  # so that no later load can pick up bytecode instead of the checked source
     package_name = f"_kloop_solution_{next(_counter)}"
     package_spec = importlib.util.spec_from_loader(package_name, loader=None, is_package=True)
@@ -84,5 +87,6 @@ def unload_solution(module: ModuleType) -> None:
     directory = str(Path(module.__file__).parent)
     for name in list(sys.modules):
         loaded = sys.modules[name]
-        if name == package or name.startswith(package + ".") or str(getattr(loaded, "__file__", "") or "").startswith(directory + "/"):
+        if name == package or name.startswith(package + ".") or \
+                str(getattr(loaded, "__file__", "") or "").startswith(directory + "/"):
             del sys.modules[name]

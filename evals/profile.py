@@ -30,7 +30,8 @@ from evals.selfcheck import CANDIDATE_ERRORS, error_record
 
 CACHE = Path.home() / ".cache" / "kloop" / "device_rates.json"
 PROFILED_CALLS = 20
-NCU_METRICS = ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "sm__warps_active.avg.pct_of_peak_sustained_active")
+NCU_METRICS = ("dram__throughput.avg.pct_of_peak_sustained_elapsed",
+               "sm__warps_active.avg.pct_of_peak_sustained_active")
 
 
 @dataclass
@@ -88,8 +89,10 @@ def triton_kernels(module) -> list[dict]:
         for kernel_cache, *_ in getattr(obj, "device_caches", {}).values():
             for compiled in kernel_cache.values():
                 meta = compiled.metadata
-                found.append({"kernel": name, "registers": getattr(compiled, "n_regs", None), "spills": getattr(compiled, "n_spills", None),
-                              "shared_memory_bytes": getattr(meta, "shared", None), "num_warps": getattr(meta, "num_warps", None),
+                found.append({"kernel": name, "registers": getattr(compiled, "n_regs", None),
+                              "spills": getattr(compiled, "n_spills", None),
+                              "shared_memory_bytes": getattr(meta, "shared", None),
+                              "num_warps": getattr(meta, "num_warps", None),
                               "num_stages": getattr(meta, "num_stages", None)})
     return found
 
@@ -139,14 +142,18 @@ def label(p: CaseProfile, sm_count: int) -> tuple[str, str]:
     share = p.launch_overhead_share or 0.0
     # the GPU idles most of the time, or the host needs longer to issue a call than the GPU to run it
     if share > 0.5 or (share > 0.1 and (p.host_us_per_call or 0) >= (p.gpu_us_per_call or float("inf"))):
-        return "launch-bound", (f"host {p.host_us_per_call:.1f} us per call vs GPU {p.gpu_us_per_call:.1f} us: the GPU idles "
-                                f"{100 * share:.0f}% of the time; {sum(k.calls_per_call for k in p.kernels):.0f} kernel(s) per call")
+        return "launch-bound", (f"host {p.host_us_per_call:.1f} us per call vs GPU {p.gpu_us_per_call:.1f} us: "
+                                f"the GPU idles {100 * share:.0f}% of the time; "
+                                f"{sum(k.calls_per_call for k in p.kernels):.0f} kernel(s) per call")
     if main and programs < sm_count:
-        return "under-filled grid", f"{main.name}: {programs} programs on {sm_count} SMs; {100 * (p.copy_fraction or 0):.1f}% of copy bandwidth"
+        return "under-filled grid", (f"{main.name}: {programs} programs on {sm_count} SMs; "
+                                     f"{100 * (p.copy_fraction or 0):.1f}% of copy bandwidth")
     if (p.matmul_fraction or 0) > (p.copy_fraction or 0):
-        return "compute-bound", f"{100 * p.matmul_fraction:.1f}% of the fp16 matmul rate vs {100 * (p.copy_fraction or 0):.1f}% of copy bandwidth"
-    return "memory-bound", (f"{100 * (p.copy_fraction or 0):.1f}% of copy bandwidth vs {100 * (p.matmul_fraction or 0):.2f}% of the "
-                            f"fp16 matmul rate; {programs} programs on {sm_count} SMs")
+        return "compute-bound", (f"{100 * p.matmul_fraction:.1f}% of the fp16 matmul rate vs "
+                                 f"{100 * (p.copy_fraction or 0):.1f}% of copy bandwidth")
+    return "memory-bound", (f"{100 * (p.copy_fraction or 0):.1f}% of copy bandwidth vs "
+                            f"{100 * (p.matmul_fraction or 0):.2f}% of the fp16 matmul rate; "
+                            f"{programs} programs on {sm_count} SMs")
 
 
 def run_ncu(solution: Path, case: kh.Case) -> dict:
@@ -154,9 +161,10 @@ def run_ncu(solution: Path, case: kh.Case) -> dict:
     if shutil.which("ncu") is None:
         return {"available": False, "reason": "ncu is not on PATH"}
     command = ["ncu", "--clock-control", "none", "--csv", "--metrics", ",".join(NCU_METRICS), "--launch-skip", "3",
-               "--launch-count", "1", sys.executable, "-m", "evals.profile", "--solution", str(solution), "--ncu-target",
-               json.dumps(asdict(case))]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
+               "--launch-count", "1", sys.executable, "-m", "evals.profile", "--solution", str(solution),
+               "--ncu-target", json.dumps(asdict(case))]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parent.parent)
     values = {}
     for line in run.stdout.splitlines():
         cells = [c.strip('"') for c in line.split('","')]
@@ -164,8 +172,10 @@ def run_ncu(solution: Path, case: kh.Case) -> dict:
             if metric in cells:
                 values[metric] = cells[-1].strip('"')
     if not values:
-        return {"available": False, "reason": (run.stderr or run.stdout).strip().splitlines()[-1:] or "no metrics in ncu output"}
-    return {"available": True, "dram_throughput_pct": values.get(NCU_METRICS[0]), "achieved_occupancy_pct": values.get(NCU_METRICS[1])}
+        return {"available": False,
+                "reason": (run.stderr or run.stdout).strip().splitlines()[-1:] or "no metrics in ncu output"}
+    return {"available": True, "dram_throughput_pct": values.get(NCU_METRICS[0]),
+            "achieved_occupancy_pct": values.get(NCU_METRICS[1])}
 
 
 def profile_case(solution: Path, case: kh.Case, device: torch.device, rates: dict | None, use_ncu: bool) -> CaseProfile:
@@ -220,7 +230,8 @@ def run(solution: Path, panel: str, use_ncu: bool = False, log=print) -> dict:
     for case in kh.load_panel(panel):
         profiles.append(profile_case(solution, case, info.device, rates, use_ncu))
         log(format_row(profiles[-1]))
-    return {"solution": str(solution), "panel": str(panel), "device": info.name, "rates": rates, "cases": [asdict(p) for p in profiles]}
+    return {"solution": str(solution), "panel": str(panel), "device": info.name, "rates": rates,
+            "cases": [asdict(p) for p in profiles]}
 
 
 def format_row(p: CaseProfile) -> str:
@@ -228,12 +239,15 @@ def format_row(p: CaseProfile) -> str:
         return "-" if value is None else format(value, fmt)
 
     line = (f"{p.case['name']:<26} {num(p.median_us, '.2f'):>9} us {num(p.gbps, '.0f'):>6} GB/s "
-            f"{num(p.copy_fraction and 100 * p.copy_fraction, '.1f'):>5}% copy  host {num(p.host_us_per_call, '.1f'):>6} us  "
-            f"gpu {num(p.gpu_us_per_call, '.1f'):>7} us  {p.bottleneck}: {p.evidence}")
+            f"{num(p.copy_fraction and 100 * p.copy_fraction, '.1f'):>5}% copy  "
+            f"host {num(p.host_us_per_call, '.1f'):>6} us  gpu {num(p.gpu_us_per_call, '.1f'):>7} us  "
+            f"{p.bottleneck}: {p.evidence}")
     for k in p.kernels[:3]:
-        line += f"\n    {k.name[:50]:<50} x{k.calls_per_call:.0f} {k.gpu_us:8.2f} us grid {k.grid} block {k.block} regs {k.registers_per_thread}"
+        line += (f"\n    {k.name[:50]:<50} x{k.calls_per_call:.0f} {k.gpu_us:8.2f} us grid {k.grid} block {k.block} "
+                 f"regs {k.registers_per_thread}")
     for t in p.triton_kernels:
-        line += f"\n    triton {t['kernel']}: {t['registers']} registers, {t['spills']} spills, {t['shared_memory_bytes']} B shared"
+        line += (f"\n    triton {t['kernel']}: {t['registers']} registers, {t['spills']} spills, "
+                 f"{t['shared_memory_bytes']} B shared")
     if p.ncu:
         line += f"\n    ncu: {p.ncu}"
     if p.error:

@@ -52,7 +52,8 @@ class Allowance:
     @classmethod
     def for_case(cls, m: int, k: int, n: int) -> "Allowance":
         groups = k // kh.GROUP_SIZE
-        return cls(k * n // 2 + groups * n * 2 + max(8 * MIB, 4 * m * k + 8 * m * n), 2 * m * k + 4 * m * n + MIB, k * n, 2 * k * n)
+        return cls(k * n // 2 + groups * n * 2 + max(8 * MIB, 4 * m * k + 8 * m * n), 2 * m * k + 4 * m * n + MIB,
+                   k * n, 2 * k * n)
 
 
 @dataclass
@@ -116,7 +117,8 @@ class Checkpoint:
     violations: list[dict] = field(default_factory=list)
 
 
-def measure(name: str, before: dict[int, Storage], before_allocated: int | None, device: torch.device, case: kh.Case) -> Checkpoint:
+def measure(name: str, before: dict[int, Storage], before_allocated: int | None, device: torch.device,
+            case: kh.Case) -> Checkpoint:
     settle(device)
     now = live_storages(device)
     new = [s for key, s in now.items() if key not in before]
@@ -131,9 +133,11 @@ def measure(name: str, before: dict[int, Storage], before_allocated: int | None,
         unattributed = max(0, current - before_allocated - rounded)
     groups = case.k // kh.GROUP_SIZE
     scale_shapes = {(groups, case.n), (case.n, groups)}
-    exempt = next((s for s in new if s.dtype == "float16" and s.shape in scale_shapes and s.nbytes == groups * case.n * 2), None)
+    exempt = next((s for s in new if s.dtype == "float16" and s.shape in scale_shapes
+                   and s.nbytes == groups * case.n * 2), None)
     floating = sum(s.nbytes for s in new if s.dtype in FLOATING_NAMES | {"untyped"} and s is not exempt) + unattributed
-    repack = max((s for s in new if s.dtype in INTEGER_NAMES and s.nbytes <= case.k * case.n // 2), key=lambda s: s.nbytes, default=None)
+    repack = max((s for s in new if s.dtype in INTEGER_NAMES and s.nbytes <= case.k * case.n // 2),
+                 key=lambda s: s.nbytes, default=None)
     workspace = sum(s.nbytes for s in new if s is not exempt and s is not repack) + unattributed
     largest = sorted(new, key=lambda s: -s.nbytes)[:5]
     point = Checkpoint(name, enumerated + unattributed, floating, workspace, by_dtype, unattributed,
@@ -149,7 +153,8 @@ def audit(point: Checkpoint, new: list[Storage], allowance: Allowance) -> list[d
     def rule(name: str, used: int, limit: int, what: str) -> None:
         if used > limit:
             broken.append({"rule": name, "checkpoint": point.name, "bytes": used, "limit": limit, "over": used - limit,
-                           "message": f"{what}: {used:,} bytes > {limit:,} allowed ({used - limit:,} over) after {point.name}"})
+                           "message": f"{what}: {used:,} bytes > {limit:,} allowed ({used - limit:,} over) "
+                                      f"after {point.name}"})
 
     rule("total", point.total_bytes, allowance.total, "retained device memory")
     rule("floating", point.floating_bytes, allowance.floating,
@@ -161,9 +166,11 @@ def audit(point: Checkpoint, new: list[Storage], allowance: Allowance) -> list[d
          "retained storage besides the one int4 repack and the scale copy, whatever its dtype")
     for s in new:
         if s.dtype in INTEGER_NAMES:  # the int4 repack is K*N/2 bytes; K*N is a code a byte, however it is labelled
-            rule("unpacked-int8", s.nbytes, allowance.byte_codes - 1, f"a full unpacked code tensor ({s.dtype} {s.shape})")
+            rule("unpacked-int8", s.nbytes, allowance.byte_codes - 1,
+                 f"a full unpacked code tensor ({s.dtype} {s.shape})")
         if s.dtype in HALF_FLOAT_NAMES:
-            rule("unpacked-dense", s.nbytes, allowance.half_floats - 1, f"a full dequantized weight ({s.dtype} {s.shape})")
+            rule("unpacked-dense", s.nbytes, allowance.half_floats - 1,
+                 f"a full dequantized weight ({s.dtype} {s.shape})")
     return broken
 
 
@@ -233,9 +240,12 @@ def format_case(result: CaseResidency) -> str:
     head = f"{result.case['name']:<26} {'ok' if result.ok else 'FAIL'}"
     lines = [head]
     for point in result.checkpoints:
-        dtypes = ", ".join(f"{name} {nbytes / MIB:.2f}" for name, nbytes in sorted(point.by_dtype.items())) or "nothing new"
-        lines.append(f"    after {point.name:<14} total {point.total_bytes / MIB:9.2f} MiB, floating {point.floating_bytes / MIB:8.2f} MiB "
-                     f"[{dtypes}{' MiB' if point.by_dtype else ''}]" + (f", unattributed {point.unattributed_bytes / MIB:.2f} MiB" if point.unattributed_bytes else ""))
+        dtypes = (", ".join(f"{name} {nbytes / MIB:.2f}" for name, nbytes in sorted(point.by_dtype.items()))
+                  or "nothing new")
+        lines.append(f"    after {point.name:<14} total {point.total_bytes / MIB:9.2f} MiB, "
+                     f"floating {point.floating_bytes / MIB:8.2f} MiB [{dtypes}{' MiB' if point.by_dtype else ''}]"
+                     + (f", unattributed {point.unattributed_bytes / MIB:.2f} MiB" if point.unattributed_bytes
+                        else ""))
         lines += [f"      violated {v['rule']}: {v['message']}" for v in point.violations]
     if result.error:
         lines.append(f"    error in {result.error['stage']}: {result.error['name']}: {result.error['message']}")

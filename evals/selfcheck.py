@@ -71,7 +71,8 @@ def geomean(values: list[float]) -> float:
 def stratum_scores(values: dict[str, list[float | None]]) -> tuple[dict[str, float | None], float | None]:
     """Geometric mean of the case ratios per stratum (None where a case has none); harmonic mean across strata."""
     per_stratum = {name: (geomean(v) if v and None not in v else None) for name, v in values.items()}
-    score = len(per_stratum) / sum(1 / v for v in per_stratum.values()) if per_stratum and None not in per_stratum.values() else None
+    score = (len(per_stratum) / sum(1 / v for v in per_stratum.values())
+             if per_stratum and None not in per_stratum.values() else None)
     return per_stratum, score
 
 
@@ -146,7 +147,8 @@ def run(solution: Path, panel: str, baseline_dir: Path = V0_DIR, log=print,
     plan = TimingPlan.for_device(info.interpreted)
     report = {"solution": str(solution), "baseline": str(baseline_dir), "panel": str(panel), "device": info.name,
               "interpreted": info.interpreted, "timing": asdict(plan),
-              "timing_note": "interpreter wall time, not GPU timing" if info.interpreted else "CUDA events, median of groups",
+              "timing_note": ("interpreter wall time, not GPU timing" if info.interpreted
+                              else "CUDA events, median of groups"),
               "copy_gbps": kh.copy_bandwidth_gbps(info.device), "cases": []}
     baseline = load_solution(baseline_dir)
     try:
@@ -165,7 +167,8 @@ def run(solution: Path, panel: str, baseline_dir: Path = V0_DIR, log=print,
     return report
 
 
-HEADER = f"{'case':<26} {'stratum':<12} {'normal':>7} {'advers':>7} {'median_us':>10} {'GB/s':>8} {'%copy':>6} {'v0_us':>9} {'speedup':>8}"
+HEADER = (f"{'case':<26} {'stratum':<12} {'normal':>7} {'advers':>7} {'median_us':>10} {'GB/s':>8} {'%copy':>6} "
+          f"{'v0_us':>9} {'speedup':>8}")
 
 
 def format_row(r: CaseResult) -> str:
@@ -177,10 +180,12 @@ def format_row(r: CaseResult) -> str:
         return "-" if value is None else format(value, fmt)
 
     line = (f"{r.case['name']:<26} {r.case['stratum']:<12} {ok('normal'):>7} {ok('adversarial'):>7} "
-            f"{num(r.median_us, '.2f'):>10} {num(r.gbps, '.1f'):>8} {num(r.roofline_fraction and 100 * r.roofline_fraction, '.1f'):>6} "
+            f"{num(r.median_us, '.2f'):>10} {num(r.gbps, '.1f'):>8} "
+            f"{num(r.roofline_fraction and 100 * r.roofline_fraction, '.1f'):>6} "
             f"{num(r.baseline_median_us, '.2f'):>9} {num(r.speedup, '.3f'):>8}")
     if r.error:
-        line += f"\n    error in {r.error['stage']}: {r.error['name']}: {r.error['message'].splitlines()[0] if r.error['message'] else ''}"
+        line += (f"\n    error in {r.error['stage']}: {r.error['name']}: "
+                 f"{r.error['message'].splitlines()[0] if r.error['message'] else ''}")
     for mode, check in r.checks.items():
         if not check["ok"]:
             line += f"\n    {mode}: {check['message']}"
@@ -198,7 +203,8 @@ def print_summary(report: dict) -> None:
 
 def main(argv: list[str] | None = None, enforce_policy: bool = True) -> int:
     parser = argparse.ArgumentParser(prog="python -m evals.selfcheck", description=__doc__.split("\n")[0])
-    parser.add_argument("--solution", default=str(ROOT / "methods" / "main"), help="solution directory (default methods/main)")
+    parser.add_argument("--solution", default=str(ROOT / "methods" / "main"),
+                        help="solution directory (default methods/main)")
     parser.add_argument("--panel", default="visible", help="visible, smoke or a panel JSON file (default visible)")
     parser.add_argument("--baseline", default=str(V0_DIR), help="the yardstick solution (default methods/versions/v0)")
     parser.add_argument("--json", help="write the full report here")

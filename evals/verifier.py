@@ -73,12 +73,14 @@ N_BY_STRATUM = {"balanced": (4096, 28672), "expert-batch": (512, 2048)}
 def run_role_process(solution: Path, case: kh.Case, schedule: str, timing: bool, scratch: Path) -> dict:
     """One role in a fresh process; a crash, a hang or a missing record becomes an error record."""
     out = scratch / f"role-{os.getpid()}-{next(_ROLE_IDS)}-{case.name}.json"
-    command = [sys.executable, "-m", "evals.verifier", "role", "--solution", str(solution),
-               "--case", json.dumps(asdict(case)), "--schedule", schedule, "--out", str(out)] + (["--timing"] if timing else [])
+    command = ([sys.executable, "-m", "evals.verifier", "role", "--solution", str(solution),
+                "--case", json.dumps(asdict(case)), "--schedule", schedule, "--out", str(out)]
+               + (["--timing"] if timing else []))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                KLOOP_VERIFIER_PID=str(os.getpid()))
     try:
-        run = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True, timeout=ROLE_TIMEOUT_S[schedule])
+        run = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True,
+                             timeout=ROLE_TIMEOUT_S[schedule])
         failure = f"exit status {run.returncode}; stderr: {run.stderr[-1500:]}"
     except subprocess.TimeoutExpired:
         failure = f"no result within {ROLE_TIMEOUT_S[schedule]} s"
@@ -136,15 +138,17 @@ def judge_case(case: kh.Case, roles: dict[str, dict], policy: dict, gates_only: 
         unjudged = {"status": "skip", "evidence": ["not run: the verifier could not set up this case (see case_setup)"]}
         gates = {name: dict(unjudged) for name in (*ROLE_GATES, "coverage")} | {"policy": policy, "case_setup": {
             "status": "fail", "evidence": [f"the verifier could not set up {case.name} (seed {case.seed}), so no role "
-                                           "gate ran; a panel or verifier problem, not a failure of the candidate (draw "
-                                           "the panel again): " + "; ".join(setup_failures)]}}
+                                           "gate ran; a panel or verifier problem, not a failure of the candidate "
+                                           "(draw the panel again): " + "; ".join(setup_failures)]}}
     elif candidate.get("not_run"):
         gates["coverage"] = {"status": "skip", "evidence": [candidate["not_run"]]}
     else:
-        missing = [name for name, gate in gates.items() if gate["status"] == "not_run"] or (["every role gate"] if not candidate.get("gates") else [])
+        missing = [name for name, gate in gates.items() if gate["status"] == "not_run"] or (
+            ["every role gate"] if not candidate.get("gates") else [])
         crash = (candidate.get("error") or {}).get("name") == "RoleCrashed"
         gates["coverage"] = {"status": "fail" if missing or crash else "pass", "evidence": [
-            f"not evaluated: {', '.join(missing)}" + (f" ({candidate['error']['message'][:300]})" if candidate.get("error") else "")
+            f"not evaluated: {', '.join(missing)}"
+            + (f" ({candidate['error']['message'][:300]})" if candidate.get("error") else "")
             if missing or crash else f"every gate ran on {case.name}"]}
     medians = {role: r.get("median_us") for role, r in roles.items()}
     ratio = None
@@ -156,7 +160,8 @@ def judge_case(case: kh.Case, roles: dict[str, dict], policy: dict, gates_only: 
         spreads = {role: dispersion(r.get("times_us") or []) for role, r in roles.items()}
         bad = [role for role in ROLES if spreads.get(role) is None or spreads[role] > DISPERSION_LIMIT]
         gates["dispersion"] = {"status": "fail" if bad else "pass", "evidence": [
-            ", ".join(f"{role} max/min {'-' if spreads.get(role) is None else f'{spreads[role]:.3f}'}" for role in ROLES)
+            ", ".join(f"{role} max/min {'-' if spreads.get(role) is None else f'{spreads[role]:.3f}'}"
+                      for role in ROLES)
             + (f"; over {DISPERSION_LIMIT} or missing: {', '.join(bad)}" if bad else "")]
             # the groups in order show one stalled group apart from a drift (us per call)
             + [f"{role} groups: " + " ".join(f"{t:.2f}" for t in roles[role]["times_us"])
@@ -202,7 +207,8 @@ def judge(solution: Path, panel: str, baseline: Path, gates_only: bool, schedule
     info = kh.select_device()
     cases = kh.load_panel(panel)
     policy = policy_gate(solution)
-    log(f"{info.message}\npolicy: {policy['status']}" + ("" if policy["status"] == "pass" else "\n    " + "\n    ".join(policy["evidence"][:10])))
+    log(f"{info.message}\npolicy: {policy['status']}"
+        + ("" if policy["status"] == "pass" else "\n    " + "\n    ".join(policy["evidence"][:10])))
     log(HEADER)
     head = {"solution": str(solution), "baseline": str(baseline), "panel": str(panel), "device": info.name,
             **provenance(), "mode": "gates-only" if gates_only else "full", "schedule": schedule}
@@ -216,8 +222,9 @@ def judge(solution: Path, panel: str, baseline: Path, gates_only: bool, schedule
             if gates_only:
                 roles = {"candidate": untimed[position]}
             elif policy["status"] != "pass":  # invalid whatever it does: timing it would spend three roles for nothing
-                roles = {"candidate": not_run_record(case, solution, "not run: the source policy rejected the solution, "
-                                                     "so it is not timed (--gates-only still runs it for evidence)")}
+                roles = {"candidate": not_run_record(case, solution,
+                                                     "not run: the source policy rejected the solution, so it is not "
+                                                     "timed (--gates-only still runs it for evidence)")}
             else:
                 roles = {"baseline_before": run_role_process(baseline, case, schedule, True, Path(scratch))}
                 roles["candidate"] = run_role_process(solution, case, schedule, True, Path(scratch))
@@ -277,7 +284,8 @@ def print_summary(report: dict) -> None:
               f"{'-' if report['score'] is None else format(report['score'], '.3f')}")
     if report["schedule"] not in ("spec", "smoke"):
         pin = gates.SCHEDULES[report["schedule"]].pin
-        print(f"schedule: {report['schedule']} (pinning: {gates.PIN_MODES[pin]}): a measurement, not the verdict of record")
+        print(f"schedule: {report['schedule']} (pinning: {gates.PIN_MODES[pin]}): "
+              "a measurement, not the verdict of record")
     print("verdict: " + ("valid" if report["valid"] else "NOT valid"))
 
 
@@ -287,7 +295,8 @@ def make_panel(seed: int, per_stratum: int = PER_STRATUM) -> dict:
     K * N at most the largest visible case's, so that no sealed case outgrows the visible memory and time.
 
     Seeds are not tried here (the adversarial construction of a big case is costly on CPU): a seed whose construction
-    leaves fp16 range fails that case's case_setup gate at verify time, naming the verifier, and the panel is redrawn."""
+    leaves fp16 range fails that case's case_setup gate at verify time, naming the verifier, and the panel is
+    redrawn."""
     rng = random.Random(seed)
     visible = kh.load_panel("visible")
     taken = {(c.m, c.k, c.n, c.epilogue) for c in visible}
@@ -313,7 +322,8 @@ def make_panel(seed: int, per_stratum: int = PER_STRATUM) -> dict:
 
 
 def make_panel_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m evals.verifier make-panel", description=make_panel.__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m evals.verifier make-panel",
+                                     description=make_panel.__doc__.split("\n")[0])
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--out", type=Path, help=f"default {PANEL_HOME}/sealed-<seed>.json (outside the repository)")
     parser.add_argument("--per-stratum", type=int, default=PER_STRATUM)

@@ -41,7 +41,8 @@ class Proposer(Protocol):
 
 
 # name -> "module:Class"; imported on demand so that an offline run never needs the openai SDK
-BACKENDS = {"offline": "agent.proposers.offline:OfflineProposer", "openai": "agent.proposers.openai_chat:OpenAIProposer",
+BACKENDS = {"offline": "agent.proposers.offline:OfflineProposer",
+            "openai": "agent.proposers.openai_chat:OpenAIProposer",
             "scripted": "agent.proposers.scripted:ScriptedProposer"}
 
 

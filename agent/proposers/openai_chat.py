@@ -83,7 +83,8 @@ class OpenAIProposer:
 
     def iterate(self, context: IterationContext, tools: Tools) -> None:
         messages: list[dict] = [{"role": "system", "content": context.prompts["system"]},
-                                {"role": "user", "content": context.prompts["task"] + "\n\n" + context.prompts["iteration"]}]
+                                {"role": "user",
+                                 "content": context.prompts["task"] + "\n\n" + context.prompts["iteration"]}]
         for _ in range(self.config.max_steps):
             message = self._complete(trim(messages, self.config.context_budget_tokens), context)
             calls = message.tool_calls or []
@@ -106,7 +107,8 @@ class OpenAIProposer:
             return format_error(str(exc))
         output = outcome["output"]
         if len(output) > self.config.tool_output_chars:
-            output = output[: self.config.tool_output_chars // 2] + "\n[...]\n" + output[-self.config.tool_output_chars // 2:]
+            output = (output[: self.config.tool_output_chars // 2] + "\n[...]\n"
+                      + output[-self.config.tool_output_chars // 2:])
         return f"returncode {outcome['returncode']}\n{output}"
 
     def _complete(self, messages: list[dict], context: IterationContext):
@@ -115,11 +117,12 @@ class OpenAIProposer:
             try:
                 response = self.client.chat.completions.create(model=self.config.model, messages=messages,
                                                                tools=openai_tools(), tool_choice="auto")
-                if not isinstance(response, ChatCompletion) or not response.choices or response.choices[0].message is None:
+                if not isinstance(response, ChatCompletion) or not response.choices or \
+                        response.choices[0].message is None:
                     raise BadResponse(f"not a chat completion with choices: {str(response)[:200]!r}")
                 break
-            except (openai.RateLimitError, openai.InternalServerError, openai.APITimeoutError, openai.APIConnectionError,
-                    openai.APIResponseValidationError, BadResponse, ValueError) as exc:
+            except (openai.RateLimitError, openai.InternalServerError, openai.APITimeoutError,
+                    openai.APIConnectionError, openai.APIResponseValidationError, BadResponse, ValueError) as exc:
                 error: Exception = exc
             except openai.APIStatusError as exc:
                 if exc.status_code < 500 and exc.status_code not in (408, 409):

@@ -68,7 +68,8 @@ def run_agent(project: Path, *args: str, timeout: float = 240, **env: str) -> su
 
 
 def ledger_rows(project: Path) -> list[str]:
-    return [line for line in (project / "methods" / "experiment_log.md").read_text().splitlines() if line.startswith("| v")]
+    return [line for line in (project / "methods" / "experiment_log.md").read_text().splitlines()
+            if line.startswith("| v")]
 
 
 def index(project: Path) -> list[dict]:

@@ -1,4 +1,5 @@
-"""Bad candidates cost one attempt each, never the run: they are recorded (row, version, verdict) and the run goes on."""
+"""Bad candidates cost one attempt each, never the run: they are recorded (row, version, verdict) and the run goes
+on."""
 from __future__ import annotations
 
 import json
@@ -29,7 +30,8 @@ def script(path: Path, *sources: tuple[str, str]) -> Path:
 
 
 def test_raising_and_hanging_and_forbidden_candidates_are_recorded(project: Path, panel: Path):
-    valid = (project / "methods" / "main" / "solution.py").read_text().replace('"BLOCK_SIZE_N": 64', '"BLOCK_SIZE_N": 128')
+    valid = (project / "methods" / "main" / "solution.py").read_text().replace('"BLOCK_SIZE_N": 64',
+                                                                              '"BLOCK_SIZE_N": 128')
     calls = script(project.parent / "script.json", ("raises", candidate(project, RAISES)),
                    ("hangs", candidate(project, HANGS)),
                    ("kills itself", candidate(project, KILLS_ITSELF, "import os\n")), ("valid", valid))
@@ -58,7 +60,8 @@ def test_a_candidate_that_kills_its_process_is_recorded(project: Path, panel: Pa
     # candidate code) would stop this candidate before it runs. A task whose policy stand-in passes everything and
     # whose selfcheck is the real one with the loader's policy check off (an argument of evals.selfcheck.main that the
     # command line does not offer) lets the crash reach the selfcheck process: it dies of SIGKILL before any gate runs.
-    clean = "import json, sys; json.dump({'clean': True, 'files': {}}, open(sys.argv[sys.argv.index('--json') + 1], 'w'))"
+    clean = ("import json, sys; "
+             "json.dump({'clean': True, 'files': {}}, open(sys.argv[sys.argv.index('--json') + 1], 'w'))")
     selfcheck = "import sys, evals.selfcheck as s; sys.exit(s.main(sys.argv[1:], enforce_policy=False))"
     task = project.parent / "task.json"
     task.write_text(json.dumps({"policy_cmd": ["-c", clean], "selfcheck_cmd": ["-c", selfcheck]}))

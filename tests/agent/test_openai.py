@@ -46,7 +46,8 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def test_openai_proposer_against_a_loopback_endpoint(project: Path, panel: Path):
-    solution = (project / "methods" / "main" / "solution.py").read_text().replace('"BLOCK_SIZE_N": 64', '"BLOCK_SIZE_N": 128')
+    solution = (project / "methods" / "main" / "solution.py").read_text().replace('"BLOCK_SIZE_N": 64',
+                                                                                 '"BLOCK_SIZE_N": 128')
     error = {"error": {"message": "slow down", "type": "rate_limit"}}
     replies = [
         (429, "application/json", error),

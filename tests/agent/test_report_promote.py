@@ -50,7 +50,8 @@ def test_a_run_ends_with_a_report_and_an_index(project: Path, finished_run: str)
     (out / "report.md").unlink()
     run_agent(project, "report", finished_run)
     assert (out / "report.md").is_file()
-    missing = subprocess.run(agent_command("report", "no-such-run"), cwd=project, env=agent_env(), capture_output=True, text=True)
+    missing = subprocess.run(agent_command("report", "no-such-run"), cwd=project, env=agent_env(), capture_output=True,
+                             text=True)
     assert missing.returncode != 0 and "no run no-such-run" in missing.stderr
 
 
@@ -94,7 +95,8 @@ def test_promote_checks_copies_records_and_leaves_versions_alone(project: Path, 
 
     broken = versions / "v9"
     broken.mkdir()
-    (broken / "solution.py").write_text("def build(qweight, scales, bias, epilogue):\n    raise RuntimeError('broken')\n")
+    (broken / "solution.py").write_text("def build(qweight, scales, bias, epilogue):\n"
+                                        "    raise RuntimeError('broken')\n")
     refused = subprocess.run(agent_command("promote", "v9", "--panel", str(panel)), cwd=project, env=agent_env(),
                              capture_output=True, text=True, timeout=400)
     assert refused.returncode == 1 and "refused" in refused.stdout
@@ -103,16 +105,19 @@ def test_promote_checks_copies_records_and_leaves_versions_alone(project: Path, 
     forced = run_agent(project, "promote", "v9", "--panel", str(panel), "--force", "--note", "a test | of the note",
                        timeout=400)
     assert "forcing past" in forced.stdout and main.read_text() == (broken / "solution.py").read_text()
-    assert promotion_rows(project)[-1].startswith("| promote v9 |") and "promoted (forced)" in promotion_rows(project)[-1]
+    assert (promotion_rows(project)[-1].startswith("| promote v9 |")
+            and "promoted (forced)" in promotion_rows(project)[-1])
     assert "; why: a test / of the note |" in promotion_rows(project)[-1]  # the reason, in a cell of its own row
     assert ledger_rows(project) == rows_before
     shutil.rmtree(broken)
     assert tree_digest(versions) == before, "promotion changed methods/versions"
 
-    missing = subprocess.run(agent_command("promote", "v99"), cwd=project, env=agent_env(), capture_output=True, text=True)
+    missing = subprocess.run(agent_command("promote", "v99"), cwd=project, env=agent_env(), capture_output=True,
+                             text=True)
     assert missing.returncode == 2 and "no version v99" in missing.stdout
 
-    if not torch.cuda.is_available():  # the verifier's timing gates need a GPU: refused before any check, nothing changes
+    # the verifier's timing gates need a GPU: refused before any check, nothing changes
+    if not torch.cuda.is_available():
         rows, main_text = promotion_rows(project), main.read_text()
         unverified = subprocess.run(agent_command("promote", "v1", "--verify", "--panel", str(panel)), cwd=project,
                                     env=agent_env(), capture_output=True, text=True, timeout=60)

@@ -95,8 +95,8 @@ def test_resume_after_sigkill(project: Path, panel: Path):
 def test_two_runs_at_once_never_share_a_version(project: Path, panel: Path):
     ledger_before = (project / "methods" / "experiment_log.md").read_text()
     command = agent_command("run", "--iters", "2", "--backend", "offline", "--panel", str(panel))
-    processes = [subprocess.Popen(command, cwd=project, env=agent_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True) for _ in range(2)]
+    processes = [subprocess.Popen(command, cwd=project, env=agent_env(), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     outputs = [p.communicate(timeout=300)[0] for p in processes]
     assert [p.returncode for p in processes] == [0, 0], outputs
 
@@ -120,8 +120,8 @@ def test_a_hand_written_candidate_is_submitted_as_one_attempt(project: Path, pan
     draft.mkdir()
     source = (project / "methods" / "versions" / "v0" / "solution.py").read_text()
     (draft / "solution.py").write_text(source.replace('"BLOCK_SIZE_N": 64', '"BLOCK_SIZE_N": 32'))
-    done = run_agent(project, "submit", str(draft), "--summary", "narrower tiles by hand", "--hypothesis", "more programs",
-                     "--from", "v0", "--panel", str(panel))
+    done = run_agent(project, "submit", str(draft), "--summary", "narrower tiles by hand",
+                     "--hypothesis", "more programs", "--from", "v0", "--panel", str(panel))
     assert "backend hand" in done.stdout
     (row,) = ledger_rows(project)[1:]
     cells = [c.strip() for c in row.strip("|").split(" | ")]

@@ -19,7 +19,8 @@ from agent.tools import Tools
 def tools(project: Path, tmp_path: Path) -> Tools:
     worktree = tmp_path / "worktree"
     (worktree / "methods" / "main").mkdir(parents=True)
-    (worktree / "methods" / "main" / "solution.py").write_text((project / "methods" / "main" / "solution.py").read_text())
+    (worktree / "methods" / "main" / "solution.py").write_text(
+        (project / "methods" / "main" / "solution.py").read_text())
     subprocess.run(["git", "init", "-q"], cwd=worktree, check=True)
     task = Task(root=project)
     return Tools(task, worktree, Evaluator(task, "smoke", False, tmp_path / "eval"))
@@ -136,6 +137,7 @@ def test_a_tool_that_fails_on_its_input_answers_instead_of_ending_the_run(tools:
     failed = tools.call("write_file", {"path": "methods/main/solution.py", "content": "X = '\ud800'\n"})
     assert failed["returncode"] == 1 and failed["output"].startswith("write_file failed: UnicodeEncodeError"), failed
     assert (tools.candidate / "solution.py").read_text() == source, "a failed write left the file as it was"
-    failed = tools.call("apply_patch", {"patch": "<<<<<<< SEARCH\nimport torch\n=======\nX = '\ud800'\n>>>>>>> REPLACE"})
+    failed = tools.call("apply_patch",
+                        {"patch": "<<<<<<< SEARCH\nimport torch\n=======\nX = '\ud800'\n>>>>>>> REPLACE"})
     assert failed["returncode"] == 1 and "UnicodeEncodeError" in failed["output"], failed
     assert (tools.candidate / "solution.py").read_text() == source

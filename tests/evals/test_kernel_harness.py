@@ -78,12 +78,14 @@ def test_adversarial_inputs_have_the_promised_shape():
 
 def test_scales_make_fp16_dequantization_exact():
     t = kh.generate(SMOKE[0], "normal")
-    assert torch.equal(kh.dequantize(t.qweight, t.scales, torch.float16).double(), kh.dequantize(t.qweight, t.scales, torch.float64))
+    assert torch.equal(kh.dequantize(t.qweight, t.scales, torch.float16).double(),
+                       kh.dequantize(t.qweight, t.scales, torch.float64))
 
 
 # ---------------------------------------------------------------- kernels the tolerance must accept or reject
 def act(z, epilogue):
-    return z * torch.sigmoid(z) if epilogue == "silu" else 0.5 * z * (1 + torch.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))
+    return (z * torch.sigmoid(z) if epilogue == "silu"
+            else 0.5 * z * (1 + torch.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3))))
 
 
 def finish(z, t, epilogue, bias=True, residual=True, activation=None):
@@ -171,11 +173,12 @@ def missing_residual(t, e):
 
 
 def wrong_activation(t, e):
-    return finish(t.x.float() @ kh.dequantize(t.qweight, t.scales), t, e, activation="gelu_tanh" if e == "silu" else "silu")
+    return finish(t.x.float() @ kh.dequantize(t.qweight, t.scales), t, e,
+                  activation="gelu_tanh" if e == "silu" else "silu")
 
 
-FP32_KERNELS = [fp32_dense, fp32_fp16_dequant, fp32_reversed_sequential, fp32_scale_after_dot, fp32_truncating_sequential,
-                fp16_epilogue]
+FP32_KERNELS = [fp32_dense, fp32_fp16_dequant, fp32_reversed_sequential, fp32_scale_after_dot,
+                fp32_truncating_sequential, fp16_epilogue]
 WRONG_ON_NORMAL = [twos_complement, reversed_nibbles, one_scale_row, missing_bias, missing_residual, wrong_activation]
 
 

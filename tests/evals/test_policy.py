@@ -210,7 +210,8 @@ def test_allowed_constructs_are_clean():
 
 
 def test_attributes_may_be_set_on_self():
-    source = "class Plan:\n    def __init__(self, n):\n        self.n = n\n        self.cache = {}\n        self.cache[n] = 1\n"
+    source = ("class Plan:\n    def __init__(self, n):\n        self.n = n\n        self.cache = {}\n"
+              "        self.cache[n] = 1\n")
     assert check_source(source) == []
 
 

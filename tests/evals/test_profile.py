@@ -23,8 +23,9 @@ def profile(grid, **numbers):
     # measured on the H200 (split-K draft, 32x8192x2048): the latency is the host's though the GPU is busy 55% of it
     ({"host_us_per_call": 56.7, "gpu_us_per_call": 18.2, "median_us": 33.3, "launch_overhead_share": 0.45,
       "copy_fraction": 0.069, "matmul_fraction": 0.04}, "launch-bound"),
-    ({"host_us_per_call": 30, "gpu_us_per_call": 29, "median_us": 30, "launch_overhead_share": 0.03, "copy_fraction": 0.5,
-      "matmul_fraction": 0.01}, "memory-bound"),  # the GPU keeps up with the host: not launch-bound
+    # the GPU keeps up with the host: not launch-bound
+    ({"host_us_per_call": 30, "gpu_us_per_call": 29, "median_us": 30, "launch_overhead_share": 0.03,
+      "copy_fraction": 0.5, "matmul_fraction": 0.01}, "memory-bound"),
     ({"host_us_per_call": 8, "gpu_us_per_call": 60, "median_us": 60, "launch_overhead_share": 0.0, "copy_fraction": 0.1,
       "grid": [16, 1, 1]}, "under-filled grid"),
     ({"host_us_per_call": 8, "gpu_us_per_call": 60, "median_us": 60, "launch_overhead_share": 0.0, "copy_fraction": 0.4,
@@ -47,7 +48,8 @@ def test_without_a_gpu_it_says_so_and_reports_bytes_and_flop(tmp_path, panel_fil
     assert run.returncode == 0, run.stderr
     assert "no GPU" in run.stdout
     case = json.loads(out.read_text())["cases"][0]
-    assert case["bytes"] == kh.Case("balanced", 18, 256, 256, "silu", 1).bytes_moved() and case["flop"] == 2 * 18 * 256 * 256
+    assert (case["bytes"] == kh.Case("balanced", 18, 256, 256, "silu", 1).bytes_moved()
+            and case["flop"] == 2 * 18 * 256 * 256)
     assert case["median_us"] is None and case["bottleneck"] == "unknown"
 
 

@@ -15,7 +15,8 @@ CASE = ("balanced", 19, 512, 256, "silu", 3)
 def guard(solution, panel, tmp_path, calls=8):
     out = tmp_path / "residency.json"
     run = subprocess.run([sys.executable, "-m", "evals.residency", "--solution", str(solution), "--panel", str(panel),
-                          "--calls", str(calls), "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                          "--calls", str(calls), "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
     return run, (json.loads(out.read_text()) if out.exists() else None)
 
 

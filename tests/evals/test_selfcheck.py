@@ -7,7 +7,8 @@ from tests.conftest import ROOT
 
 
 def selfcheck(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "evals.selfcheck", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "evals.selfcheck", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
 
 
 def test_v0_on_the_smoke_panel_is_correct_and_timed(tmp_path):
@@ -27,9 +28,11 @@ def test_v0_on_the_smoke_panel_is_correct_and_timed(tmp_path):
 def test_a_candidate_that_raises_becomes_error_fields(tmp_path, panel_file):
     bad = tmp_path / "bad"
     bad.mkdir()
-    (bad / "solution.py").write_text("def build(qweight, scales, bias, epilogue):\n    raise KeyError('no tile for this shape')\n")
+    (bad / "solution.py").write_text("def build(qweight, scales, bias, epilogue):\n"
+                                     "    raise KeyError('no tile for this shape')\n")
     out = tmp_path / "report.json"
-    run = selfcheck("--solution", str(bad), "--panel", str(panel_file(("balanced", 18, 256, 256, "silu", 1))), "--json", str(out))
+    run = selfcheck("--solution", str(bad), "--panel", str(panel_file(("balanced", 18, 256, 256, "silu", 1))),
+                    "--json", str(out))
     assert run.returncode == 1
     assert "KeyError" in run.stdout and "Traceback" not in run.stderr
     case = json.loads(out.read_text())["cases"][0]
@@ -40,7 +43,8 @@ def test_a_candidate_that_raises_becomes_error_fields(tmp_path, panel_file):
 
 def test_a_wrong_answer_fails_with_the_worst_element(tmp_path, panel_file, redteam_solution):
     solution = redteam_solution("honest_torch")
-    text = (solution / "solution.py").read_text().replace("bias, residual, activation)", "bias * 0, residual, activation)")
+    text = (solution / "solution.py").read_text().replace("bias, residual, activation)",
+                                                          "bias * 0, residual, activation)")
     (solution / "solution.py").write_text(text)
     run = selfcheck("--solution", str(solution), "--panel", str(panel_file(("balanced", 18, 256, 256, "silu", 1))))
     assert run.returncode == 1
@@ -52,7 +56,8 @@ def test_a_solution_that_degrades_after_its_first_calls_fails_after_timing(tmp_p
     text = (solution / "solution.py").read_text().replace("HONEST_CALLS = 34", "HONEST_CALLS = 3")
     (solution / "solution.py").write_text(text)
     out = tmp_path / "report.json"
-    run = selfcheck("--solution", str(solution), "--panel", str(panel_file(("balanced", 18, 256, 256, "silu", 1))), "--json", str(out))
+    run = selfcheck("--solution", str(solution), "--panel", str(panel_file(("balanced", 18, 256, 256, "silu", 1))),
+                    "--json", str(out))
     assert run.returncode == 1, run.stdout
     case = json.loads(out.read_text())["cases"][0]
     assert case["checks"]["normal"]["ok"] and not case["checks"]["after_timing"]["ok"] and not case["correct"]
@@ -63,7 +68,8 @@ def test_a_policy_violation_runs_no_candidate_code_and_exit_zero_is_a_failure(tm
     bad.mkdir()
     (bad / "solution.py").write_text("raise SystemExit(0)\n")
     out = tmp_path / "report.json"
-    run = selfcheck("--solution", str(bad), "--panel", str(panel_file(("balanced", 18, 256, 256, "silu", 1))), "--json", str(out))
+    run = selfcheck("--solution", str(bad), "--panel", str(panel_file(("balanced", 18, 256, 256, "silu", 1))),
+                    "--json", str(out))
     assert run.returncode == 1
     error = json.loads(out.read_text())["cases"][0]["error"]
     assert error["name"] == "PolicyViolation" and "[process]" in error["message"]

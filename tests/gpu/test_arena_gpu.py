@@ -26,14 +26,17 @@ def v0():
 def test_v0_is_correct_on_the_visible_panel(v0, case, mode):
     t = kh.generate(case, mode, "cuda")
     out = v0.build(t.qweight, t.scales, t.bias, case.epilogue)(t.x, t.residual)
-    result = kh.check_output(out, kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue), (case.m, case.n))
+    result = kh.check_output(out, kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue),
+                             (case.m, case.n))
     assert result.ok, result.message
 
 
 def guard(solution, panel_file, tmp_path, calls=None):
     out = tmp_path / "residency.json"
-    args = [sys.executable, "-m", "evals.residency", "--solution", str(solution), "--panel", str(panel_file(GUARD_CASE)), "--json", str(out)]
-    run = subprocess.run(args + (["--calls", str(calls)] if calls else []), cwd=ROOT, capture_output=True, text=True, timeout=900)
+    args = [sys.executable, "-m", "evals.residency", "--solution", str(solution),
+            "--panel", str(panel_file(GUARD_CASE)), "--json", str(out)]
+    run = subprocess.run(args + (["--calls", str(calls)] if calls else []), cwd=ROOT, capture_output=True, text=True,
+                         timeout=900)
     return run, json.loads(out.read_text())
 
 

@@ -1,4 +1,4 @@
-"""Cheat (input_immutability): doubles the bias in place at build and halves it per call (exact values, still a write)."""
+"""Cheat (input_immutability): doubles the bias in place at build and halves it per call (exact values, still a write)."""  # noqa: E501
 from core import epilogue, matmul_by_group
 
 

@@ -1,4 +1,4 @@
-"""Cheat (output_structure): returns zeros as a torch.Tensor subclass whose double() and subtraction give the true result."""
+"""Cheat (output_structure): returns zeros as a torch.Tensor subclass whose double() and subtraction give the true result."""  # noqa: E501
 from core import epilogue, matmul_by_group
 
 import torch

@@ -85,7 +85,8 @@ def judge_all(solutions: dict, case: dict, root) -> dict:
     panel.write_text(json.dumps({"cases": [case]}))
     jobs = {name: (materialize(name, root), root / f"{name}.json", args) for name, args in solutions.items()}
     with ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2))) as pool:
-        futures = {name: pool.submit(verify, solution, panel, out, args) for name, (solution, out, args) in jobs.items()}
+        futures = {name: pool.submit(verify, solution, panel, out, args)
+                   for name, (solution, out, args) in jobs.items()}
         return {name: future.result() for name, future in futures.items()}
 
 
@@ -157,7 +158,8 @@ def test_the_red_team_is_big_enough_and_documented():
 
 @pytest.mark.gpu
 def test_the_whole_red_team_on_cuda(tmp_path):
-    """The same table on the GPU, plus the cheats that only CUDA can show (a side stream; a cache only timing exposes)."""
+    """The same table on the GPU, plus the cheats that only CUDA can show (a side stream; a cache only timing
+    exposes)."""
     solutions = {name: args for name, (_, args, _) in CHEATS.items()} | dict.fromkeys(HONEST, GATES_ONLY)
     verdicts = judge_all(solutions | {"side_stream": GATES_ONLY}, CASE, tmp_path / "small")
     verdicts |= judge_all({"cache_after_warmup": ()}, LARGE_CASE, tmp_path / "large")
