@@ -1,0 +1,219 @@
+"""The search space of a solution: which knobs of its tuning tables the offline proposer may move, and to what.
+
+The space is the solution's own data, read with ``ast`` (candidate code is never imported): a module-level literal
+next to the tables::
+
+    SEARCH_SPACE = {
+        "knobs": {"KNOB": {"values": [...], "reason": "one line", "unmeasured": [...]}, ...},
+        "only_when": {"KNOB": [{"OTHER": [values that let KNOB matter], ...}, ...]},
+        "refused": [{"when": {"KNOB": [values], ...}, "reason": "..."}],
+    }
+
+- ``knobs`` (required, non-empty): the knobs to search, in the order to try them. ``values`` is a non-empty list of
+  distinct literals (numbers, strings, True/False, None) in order (a move goes to a neighbouring value of this
+  list); ``reason`` is the one-line hypothesis a move of this knob tests; ``unmeasured`` (optional) names those of
+  ``values`` not yet measured on a GPU, which a proposal says. A knob is never a tier's range key (``N_MIN``,
+  ``N_MAX``, ``K_MIN``, ``K_MAX``).
+- ``only_when`` (optional): for a declared knob, a non-empty list of alternatives ``{"OTHER": [values], ...}``; the
+  knob matters (is worth moving) only where one alternative holds on the values a shape takes.
+- ``refused`` (optional): combinations that the solution's ``plan()`` refuses, each with its reason; no proposal
+  holds one.
+
+Conditions name declared knobs or keys of ``get_config()``'s dict. Plain data only, except that int arithmetic
+(``1 << 40``, ``16 * 1024``) is folded first. Anything else raises ``ProposerError`` saying what is wrong and where.
+
+Without ``SEARCH_SPACE``, the space is the generic one of Triton's launch knobs among the keys ``get_config()``
+returns: each ``BLOCK_SIZE_*`` whose value is an int literal (16 to 256, powers of two), ``num_warps`` and
+``num_stages``.
+"""
+from __future__ import annotations
+
+import ast
+import copy
+import operator
+from dataclasses import dataclass, field
+
+from agent.exceptions import ProposerError
+
+RANGE_KEYS = ("N_MIN", "N_MAX", "K_MIN", "K_MAX")  # a tier's range is the TIERS protocol, never a knob
+
+
+@dataclass(frozen=True)
+class Knob:
+    values: tuple
+    reason: str
+    unmeasured: tuple = ()
+
+
+@dataclass(frozen=True)
+class Space:
+    knobs: dict[str, Knob]  # in the order to try
+    only_when: dict[str, list[dict[str, list]]] = field(default_factory=dict)
+    refused: list[tuple[dict[str, list], str]] = field(default_factory=list)
+
+
+# Triton launch knowledge, for a solution that declares no space; its own switches are for it to declare.
+BLOCK_VALUES = (16, 32, 64, 128, 256)  # tl.dot needs at least 16 along each dimension
+BLOCK_REASON = "a larger {} tile reuses each load across more outputs; a smaller one makes more programs for the SMs"
+LAUNCH_KNOBS = {
+    "num_warps": Knob((2, 4, 8), "more warps per program hide load latency; fewer leave each thread more registers"),
+    "num_stages": Knob((2, 3, 4, 5), "a deeper pipeline keeps more loads in flight; a shallower one leaves shared "
+                                     "memory for more resident programs"),
+}
+
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.LShift: operator.lshift}
+
+
+def number(node: ast.AST) -> int | None:
+    """An int constant or an arithmetic of int constants (``1 << 40``, ``16 * 1024``), else None."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        left, right = number(node.left), number(node.right)
+        if left is not None and right is not None and (not isinstance(node.op, ast.LShift) or 0 <= right <= 64):
+            return _OPERATORS[type(node.op)](left, right)
+    return None
+
+
+def string_keys(node: ast.AST) -> bool:
+    return isinstance(node, ast.Dict) and all(isinstance(k, ast.Constant) and isinstance(k.value, str)
+                                              for k in node.keys)
+
+
+def assigned(tree: ast.Module, name: str) -> ast.AST | None:
+    """The value of the last module-level ``name = ...``, else None."""
+    found = None
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        else:
+            continue
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets) and node.value is not None:
+            found = node.value
+    return found
+
+
+def find_get_config(tree: ast.Module) -> tuple[ast.FunctionDef, ast.Dict]:
+    """``def get_config()`` and the dict literal it returns (string keys), else ProposerError."""
+    function = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "get_config"), None)
+    returned = next((n.value for n in ast.walk(function) if isinstance(n, ast.Return)), None) if function else None
+    if not string_keys(returned):
+        raise ProposerError('the offline proposer needs `def get_config(): return {"KNOB": value, ...}` in solution.py')
+    return function, returned
+
+
+def read_space(source: str) -> Space:
+    """The solution's SEARCH_SPACE, checked (ProposerError says what is wrong and where), or the generic space of
+    Triton's launch knobs for the keys get_config() returns."""
+    tree = ast.parse(source)
+    returned = find_get_config(tree)[1]
+    general = {key.value: value for key, value in zip(returned.keys, returned.values)}  # key -> its value's node
+    node = assigned(tree, "SEARCH_SPACE")
+    if node is None:
+        return Space({k: LAUNCH_KNOBS.get(k) or Knob(BLOCK_VALUES, BLOCK_REASON.format(k)) for k, v in general.items()
+                      if k in LAUNCH_KNOBS or k.startswith("BLOCK_SIZE_") and _int_literal(v)})
+    space = _plain_data(node)
+    _dict("", space, ("knobs",), ("only_when", "refused"))
+    knobs = _knobs(space["knobs"])
+    names = set(knobs) | set(general)
+    only_when = _only_when(space.get("only_when", {}), knobs, names)
+    return Space(knobs, only_when, _refused(space.get("refused", []), names))
+
+
+def _int_literal(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and type(node.value) is int
+
+
+def _plain_data(node: ast.AST) -> object:
+    """SEARCH_SPACE's value, its int arithmetic folded, by ``ast.literal_eval``."""
+
+    class Fold(ast.NodeTransformer):
+        def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
+            value = number(node)
+            return self.generic_visit(node) if value is None else ast.copy_location(ast.Constant(value), node)
+
+    try:
+        return ast.literal_eval(Fold().visit(copy.deepcopy(node)))
+    except (ValueError, TypeError, SyntaxError) as exc:
+        raise ProposerError(f"SEARCH_SPACE (line {node.lineno}) must be plain data (dicts, lists, strings, numbers; "
+                            f"int arithmetic such as 1 << 40): {exc}") from None
+
+
+def _knobs(declared_knobs: object) -> dict[str, Knob]:
+    if not isinstance(declared_knobs, dict) or not declared_knobs:
+        raise _fail("knobs", 'must be a non-empty dict {"KNOB": {"values": [...], "reason": "..."}, ...}')
+    knobs = {}
+    for name, declared in declared_knobs.items():
+        where = f"knobs[{name!r}]"
+        if not isinstance(name, str) or name in RANGE_KEYS:
+            raise _fail(where, f"is not a knob name (a string other than the tier range keys {', '.join(RANGE_KEYS)})")
+        _dict(where, declared, ("values", "reason"), ("unmeasured",))
+        values = _values(f"{where}['values']", declared["values"])
+        if not isinstance(declared["reason"], str) or not declared["reason"].strip():
+            raise _fail(f"{where}['reason']", f"must be a non-empty string (the hypothesis) not {declared['reason']!r}")
+        unmeasured = _values(f"{where}['unmeasured']", declared["unmeasured"]) if "unmeasured" in declared else ()
+        if any(v not in values for v in unmeasured):
+            raise _fail(f"{where}['unmeasured']", f"must hold only its values {list(values)}, not {list(unmeasured)}")
+        knobs[name] = Knob(values, declared["reason"].strip(), unmeasured)
+    return knobs
+
+
+def _only_when(only_when: object, knobs: dict[str, Knob], names: set[str]) -> dict[str, list[dict[str, list]]]:
+    if not isinstance(only_when, dict):
+        raise _fail("only_when", f'must be a dict {{"KNOB": [{{"OTHER": [values]}}, ...]}}; got {only_when!r}')
+    for name, alternatives in only_when.items():
+        if name not in knobs:
+            raise _fail(f"only_when[{name!r}]", "names a knob that SEARCH_SPACE['knobs'] does not declare")
+        if not isinstance(alternatives, list) or not alternatives:
+            raise _fail(f"only_when[{name!r}]", f"must be a non-empty list of alternatives; got {alternatives!r}")
+        for index, alternative in enumerate(alternatives):
+            _condition(f"only_when[{name!r}][{index}]", alternative, names)
+    return only_when
+
+
+def _refused(rules: object, names: set[str]) -> list[tuple[dict[str, list], str]]:
+    if not isinstance(rules, list):
+        raise _fail("refused", f'must be a list of {{"when": {{...}}, "reason": "..."}}; got {rules!r}')
+    for index, rule in enumerate(rules):
+        _dict(f"refused[{index}]", rule, ("when", "reason"))
+        _condition(f"refused[{index}]['when']", rule["when"], names)
+        if not isinstance(rule["reason"], str) or not rule["reason"].strip():
+            raise _fail(f"refused[{index}]['reason']", f"must be a non-empty string; got {rule['reason']!r}")
+    return [(rule["when"], rule["reason"]) for rule in rules]
+
+
+def _fail(where: str, what: str) -> ProposerError:
+    return ProposerError(f"SEARCH_SPACE {where} {what}" if where else f"SEARCH_SPACE {what}")
+
+
+def _values(where: str, values: object) -> tuple:
+    if not isinstance(values, list) or not values or not all(v is None or isinstance(v, (bool, int, float, str))
+                                                             for v in values):
+        raise _fail(where, f"must be a non-empty list of literals (numbers, strings, True/False, None); got {values!r}")
+    if any(v in values[:i] for i, v in enumerate(values)):
+        raise _fail(where, f"repeats a value: {values!r}")
+    return tuple(values)
+
+
+def _dict(where: str, value: object, required: tuple, optional: tuple = ()) -> dict:
+    if not isinstance(value, dict):
+        raise _fail(where, f"must be a dict; got {value!r}")
+    missing = [k for k in required if k not in value]
+    unknown = [k for k in value if k not in required + optional]
+    if missing or unknown:
+        keys = f"must have the keys {list(required)}" + (f" (optional: {list(optional)})" if optional else "")
+        keys += (f"; missing {missing}" if missing else "") + (f"; unknown {unknown}" if unknown else "")
+        raise _fail(where, keys)
+    return value
+
+
+def _condition(where: str, value: object, names: set[str]) -> dict[str, list]:
+    if not isinstance(value, dict) or not value:
+        raise _fail(where, f'must be a non-empty dict {{"KNOB": [values], ...}}; got {value!r}')
+    for name, allowed in value.items():
+        if name not in names:
+            raise _fail(where, f"names {name!r}, which is neither a declared knob nor a key of get_config()'s dict")
+        _values(f"{where}[{name!r}]", allowed)
+    return value

@@ -1,0 +1,200 @@
+"""A solution's own SEARCH_SPACE drives the offline search: a toy solution whose knobs nothing else in the repository
+names, searched by the real proposer on real tools until it has nothing left to propose."""
+from __future__ import annotations
+
+import pytest
+
+from agent.exceptions import LimitsExceeded, ProposerError
+from agent.ledger import format_row
+from agent.proposers.offline import NOT_MEASURED, find_tables
+from agent.proposers.space import read_space
+from tests.agent.test_tools import tools  # noqa: F401 (the fixture)
+from tests.agent.test_units import _sha, changes, mark_tried, propose
+
+TOY = '''"""A toy solution: its own switches, its own space."""
+GROUP_SIZE = 64
+
+
+def get_config():
+    return {"TILE_WIBBLE": 32, "FROB_DEPTH": 2, "QUUX_MODE": 0, "ZORP_FACTOR": 3, "BLOCK_SIZE_K": GROUP_SIZE,
+            "num_warps": 4}
+
+
+TIERS = [
+    {"N_MIN": 256, "N_MAX": 1024, "K_MIN": 128, "K_MAX": 1 << 40, "TILE_WIBBLE": 16},  # a few expert-batch shapes
+]
+
+SEARCH_SPACE = {
+    "knobs": {
+        "TILE_WIBBLE": {"values": [16, 32, 64], "reason": "wibblier tiles frob fewer quuxes"},
+        "FROB_DEPTH": {"values": [1, 2, 3], "reason": "deeper frobs hide the zorp latency", "unmeasured": [3]},
+        "QUUX_MODE": {"values": [0, 1, 2], "reason": "quux modes 1 and 2 fuse the wibble"},
+    },
+    "only_when": {"FROB_DEPTH": [{"QUUX_MODE": [1, 2]}]},
+    "refused": [{"when": {"QUUX_MODE": [2], "TILE_WIBBLE": [64]}, "reason": "quux mode 2 has no 64-wide wibble"}],
+}
+
+
+def plan(N):
+    config = dict(get_config())
+    config.update(next((t for t in TIERS if t["N_MIN"] <= N <= t["N_MAX"]), {}))
+    return config
+'''
+EXPERT_WEAKER = {"strata": {"balanced": 1.0, "expert-batch": 0.5}}
+SPACE = read_space(TOY)
+
+
+def exhaust(tools, start: str, profile=None) -> list[tuple[str, object]]:  # noqa: F811
+    """Every proposal from ``start`` until the search has nothing left, each marked tried in the ledger."""
+    proposals = []
+    for _ in range(300):
+        (tools.candidate / "solution.py").write_text(start)
+        try:
+            proposal, submitted = propose(tools, profile)
+        except LimitsExceeded:
+            return proposals
+        compile(proposal, "solution.py", "exec")  # every rendering is valid Python
+        proposals.append((proposal, submitted))
+        mark_tried(tools, proposal)
+    raise AssertionError("the search never ran out")
+
+
+def paired(summary: str, first: str, second: str) -> bool:
+    return set(summary.split(" + ")) == {first, second}
+
+
+def holds_refused(source: str) -> bool:
+    tables = find_tables(source)
+    return any({**tables[0].entries, **t.entries}.get("QUUX_MODE") == 2
+               and {**tables[0].entries, **t.entries}.get("TILE_WIBBLE") == 64 for t in tables)
+
+
+def test_only_declared_knobs_move_to_declared_values_and_refused_combinations_never_appear(tools):  # noqa: F811
+    proposals = exhaust(tools, TOY)
+    base = find_tables(TOY)
+    summaries = [s.summary for _, s in proposals]
+    assert len(summaries) == len(set(summaries)) and any(" + " in s for s in summaries)
+    for proposal, submitted in proposals:
+        moved = changes(base, find_tables(proposal))
+        assert 1 <= len(moved) <= 2, submitted.summary
+        assert all(value in SPACE.knobs[knob].values for _, knob, value in moved), submitted.summary
+        assert not holds_refused(proposal), submitted.summary
+        assert "ZORP_FACTOR" not in submitted.summary and "num_warps" not in submitted.summary  # not in the space
+        assert "FROB_DEPTH" not in submitted.summary  # only when QUUX_MODE is 1 or 2, which no table holds
+    # the refused pair was reachable: both of its moves were proposed alone
+    assert {"TILE_WIBBLE 32->64", "QUUX_MODE 0->2"} <= set(summaries)
+    assert not any(paired(s, "TILE_WIBBLE 32->64", "QUUX_MODE 0->2") for s in summaries)
+    assert not any(paired(s, "TIERS[0] TILE_WIBBLE 16->64", "QUUX_MODE 0->2") for s in summaries)  # the tier's shapes
+    assert any(paired(s, "TIERS[0] TILE_WIBBLE 16->32", "QUUX_MODE 0->2") for s in summaries)
+    first = proposals[0][1]
+    assert first.summary == "new tier N 4096..1<<40 QUUX_MODE 0->1"  # no tier covers the (weaker) balanced shapes
+    assert first.hypothesis.startswith("quux modes 1 and 2 fuse the wibble, for the balanced shapes only (config:")
+    wibble = next(s for _, s in proposals if s.summary == "TILE_WIBBLE 32->64")
+    assert wibble.hypothesis.startswith("wibblier tiles frob fewer quuxes (config: ")
+
+
+def test_only_when_lets_a_knob_move_where_it_matters_and_unmeasured_values_are_marked(tools):  # noqa: F811
+    quux = TOY.replace('"QUUX_MODE": 0, "ZORP', '"QUUX_MODE": 1, "ZORP', 1)
+    assert quux != TOY
+    proposals = {s.summary: s for _, s in exhaust(tools, quux)}
+    assert {"FROB_DEPTH 2->3", "FROB_DEPTH 2->1"} <= set(proposals)
+    assert proposals["FROB_DEPTH 2->3"].hypothesis.startswith(f"deeper frobs hide the zorp latency{NOT_MEASURED} (")
+    assert NOT_MEASURED not in proposals["FROB_DEPTH 2->1"].hypothesis
+    assert "QUUX_MODE 1->2" in proposals and "TILE_WIBBLE 32->64" in proposals
+    assert not any(paired(s, "QUUX_MODE 1->2", "TILE_WIBBLE 32->64") for s in proposals)
+
+
+def test_a_tier_is_added_for_the_weaker_stratum_and_then_edited(tools):  # noqa: F811
+    tools.candidate.joinpath("solution.py").write_text(TOY)
+    proposal, submitted = propose(tools, EXPERT_WEAKER)
+    assert submitted.summary == "TIERS[0] TILE_WIBBLE 16->32"  # the expert-batch tier first
+    mark_tried(tools, proposal)
+    tools.candidate.joinpath("solution.py").write_text(TOY)
+    proposal, submitted = propose(tools, EXPERT_WEAKER)
+    # TIERS[0] covers only part of the expert-batch shapes: a tier for all of them goes at the end of TIERS. It takes
+    # QUUX_MODE, which the general table decides for both strata; TILE_WIBBLE is TIERS[0]'s for those shapes.
+    assert submitted.summary == "new tier N 1..2048 QUUX_MODE 0->1"
+    assert submitted.hypothesis.startswith("quux modes 1 and 2 fuse the wibble, for the expert-batch shapes only")
+    tables = find_tables(proposal)
+    assert [t.name for t in tables] == ["config", "TIERS[0]", "TIERS[1]"]
+    assert tables[1].entries == find_tables(TOY)[1].entries  # first match wins: the narrower tier keeps precedence
+    assert tables[2].entries == {"N_MIN": 1, "N_MAX": 2048, "K_MIN": 128, "K_MAX": "1 << 40", "QUUX_MODE": 1}
+    added = '\n    {"N_MIN": 1, "N_MAX": 2048, "K_MIN": 128, "K_MAX": 1 << 40, "QUUX_MODE": 1},'
+    assert proposal.count(added) == 1 and proposal.replace(added, "") == TOY
+    # kept: the expert-batch shapes have their tier now, so it is edited, never added again; and FROB_DEPTH, which
+    # matters where QUUX_MODE is 1, is searched for the shapes that tier serves
+    tiered = proposal
+    later = [s.summary for _, s in exhaust(tools, tiered, EXPERT_WEAKER)]
+    assert not any(s.startswith("new tier") for s in later)
+    assert {"TIERS[1] QUUX_MODE 1->2", "TIERS[1] QUUX_MODE 1->0", "FROB_DEPTH 2->3"} <= set(later)
+    assert later.index("TIERS[1] QUUX_MODE 1->2") < later.index("QUUX_MODE 0->1")  # the weaker stratum's tables first
+
+
+def test_a_solution_that_names_tiers_but_has_none_gets_a_tiers_list_after_get_config(tools):  # noqa: F811
+    untiered = TOY.replace(TOY[TOY.index("TIERS = ["):TOY.index("SEARCH_SPACE")], "").replace(
+        "next((t for t in TIERS", 'next((t for t in globals().get("TIERS", ())')
+    assert "TIERS = [" not in untiered and '"TIERS"' in untiered
+    tools.candidate.joinpath("solution.py").write_text(untiered)
+    proposal, submitted = propose(tools, EXPERT_WEAKER)
+    assert submitted.summary == "new tier N 1..2048 TILE_WIBBLE 32->64"
+    assert '"num_warps": 4}\n\n\nTIERS = [\n    {"N_MIN": 1, "N_MAX": 2048, "K_MIN": 128, "K_MAX": 1 << 40, ' \
+           '"TILE_WIBBLE": 64},\n]\n\n\nSEARCH_SPACE' in proposal
+    assert [t.name for t in find_tables(proposal)] == ["config", "TIERS[0]"]
+    # a solution that never names TIERS reads none: a tier would change nothing, so none is proposed
+    silent = untiered.replace('globals().get("TIERS", ())', "()")
+    assert not any("tier" in s.summary for _, s in exhaust(tools, silent, EXPERT_WEAKER))
+
+
+def test_a_new_tier_move_that_failed_alone_is_never_combined(tools):  # noqa: F811
+    failed = None
+    ledger = tools.task.ledger_path
+    for _ in range(40):
+        tools.candidate.joinpath("solution.py").write_text(TOY)
+        proposal, submitted = propose(tools, EXPERT_WEAKER)
+        if " + " in submitted.summary:
+            break
+        row = {"version": "v9", "sha256": _sha(proposal), "correct": "yes", "residency": "not run (slower)",
+               "summary / hypothesis": f"{submitted.summary}; hypothesis: h"}
+        if submitted.summary.startswith("new tier"):
+            failed = failed or submitted.summary
+            row |= {"correct": "no", "residency": "-"} if failed == submitted.summary else {}
+        ledger.write_text(ledger.read_text() + format_row(row) + "\n")
+    assert failed == "new tier N 1..2048 QUUX_MODE 0->1"
+    mark_tried(tools, proposal)
+    pairs = [submitted.summary] + [s.summary for _, s in exhaust(tools, TOY, EXPERT_WEAKER)]
+    assert pairs and all(" + " in s for s in pairs) and not any(failed in s for s in pairs)
+    assert any("new tier N 1..2048 QUUX_MODE 0->2" in s for s in pairs)  # its other value still combines
+
+
+MALFORMED = [
+    ('"values": [16, 32, 64]', '"values": []', r"SEARCH_SPACE knobs\['TILE_WIBBLE'\]\['values'\] must be a non-empty"
+                                              r" list of literals"),
+    ('"values": [16, 32, 64]', '"values": list(range(3))', r"SEARCH_SPACE \(line \d+\) must be plain data"),
+    ('"values": [0, 1, 2], "reason": "quux modes 1 and 2 fuse the wibble"', '"values": [0, 1, 2]',
+     r"SEARCH_SPACE knobs\['QUUX_MODE'\] must have the keys \['values', 'reason'\].*missing \['reason'\]"),
+    ('"unmeasured": [3]', '"unmeasured": [4]', r"knobs\['FROB_DEPTH'\]\['unmeasured'\] must hold only its values"),
+    ('"only_when": {"FROB_DEPTH": [{"QUUX_MODE"', '"only_when": {"FROB_DEPTH": [{"QUUX_MOD"',
+     r"only_when\['FROB_DEPTH'\]\[0\] names 'QUUX_MOD', which is neither a declared knob nor a key of get_config"),
+    ('"only_when"', '"only_if"', r"SEARCH_SPACE must have the keys \['knobs'\].*unknown \['only_if'\]"),
+    ('"refused": [{"when"', '"refused": [{"if"', r"SEARCH_SPACE refused\[0\] must have the keys \['when', 'reason'\]"),
+    ('"TILE_WIBBLE": {"values"', '"N_MIN": {"values"', r"knobs\['N_MIN'\] is not a knob name"),
+    ('"values": [1, 2, 3]', '"values": [1, 2, 2]', r"knobs\['FROB_DEPTH'\]\['values'\] repeats a value"),
+]
+
+
+@pytest.mark.parametrize("old, new, message", MALFORMED)
+def test_a_malformed_search_space_is_an_error_that_says_where(tools, old, new, message):  # noqa: F811
+    assert TOY.count(old) == 1
+    tools.candidate.joinpath("solution.py").write_text(TOY.replace(old, new))
+    with pytest.raises(ProposerError, match=message):
+        propose(tools)
+
+
+def test_without_a_search_space_only_triton_launch_knobs_move(tools):  # noqa: F811
+    bare = TOY[:TOY.index("SEARCH_SPACE")].replace('"TILE_WIBBLE": 32,', '"BLOCK_SIZE_N": 64, "TILE_WIBBLE": 32,')
+    bare = bare.replace('"ZORP_FACTOR": 3,', '"ZORP_FACTOR": 3, "num_stages": 3,')
+    space = read_space(bare)
+    assert list(space.knobs) == ["BLOCK_SIZE_N", "num_stages", "num_warps"]  # BLOCK_SIZE_K is GROUP_SIZE: computed
+    moved = {knob for proposal, _ in exhaust(tools, bare) for _, knob, _ in changes(find_tables(bare),
+                                                                                     find_tables(proposal))}
+    assert moved == {"BLOCK_SIZE_N", "num_warps", "num_stages"}
