@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import itertools
+import json
 from dataclasses import dataclass, field, replace
 
 from agent.exceptions import LimitsExceeded, ProposerError
@@ -52,7 +53,7 @@ class Table:
 
     def text(self, changes: dict[str, object]) -> str:
         items = {**self.entries, **changes}.items()
-        return self.before + "{" + ", ".join(f'"{k}": {_literal(v)}' for k, v in items) + "}" + self.after
+        return self.before + "{" + ", ".join(f"{json.dumps(k)}: {_literal(v)}" for k, v in items) + "}" + self.after
 
 
 def render(source: str, tables: list[Table], changes: dict[tuple[str, str], object]) -> str:
@@ -260,7 +261,10 @@ class OfflineProposer:
         if read["returncode"]:
             raise ProposerError(read["output"])
         source = read["output"]
-        tables, space = find_tables(source), read_space(source)
+        try:
+            tables, space = find_tables(source), read_space(source)
+        except ProposerError as exc:  # the solution's own tables or space: every later iteration would fail alike
+            raise LimitsExceeded(f"the offline search cannot read {solution}: {exc}") from exc
         tier = new_tier(source, tables, weaker_stratum(context.profile))
         everything = tables + ([tier] if tier else [])
         ledger = tools.read_file(tools.task.ledger)["output"]

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import math
 import operator
 from dataclasses import dataclass, field
 
@@ -194,6 +195,8 @@ def _values(where: str, values: object) -> tuple:
         raise _fail(where, f"must be a non-empty list of literals (numbers, strings, True/False, None); got {values!r}")
     if any(v in values[:i] for i, v in enumerate(values)):
         raise _fail(where, f"repeats a value: {values!r}")
+    if any(isinstance(v, float) and not math.isfinite(v) for v in values):  # repr(inf) is no Python literal
+        raise _fail(where, f"must hold finite numbers; got {values!r}")
     return tuple(values)
 
 

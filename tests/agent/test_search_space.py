@@ -183,11 +183,15 @@ MALFORMED = [
 
 
 @pytest.mark.parametrize("old, new, message", MALFORMED)
-def test_a_malformed_search_space_is_an_error_that_says_where(tools, old, new, message):  # noqa: F811
+def test_a_malformed_search_space_stops_the_search_and_says_where(tools, old, new, message):  # noqa: F811
+    """Not a ProposerError, which the loop records as an attempt of the unchanged candidate: LimitsExceeded, which
+    stops the run with this reason before anything is recorded."""
     assert TOY.count(old) == 1
     tools.candidate.joinpath("solution.py").write_text(TOY.replace(old, new))
-    with pytest.raises(ProposerError, match=message):
+    with pytest.raises(LimitsExceeded, match="the offline search cannot read .*solution.py: .*" + message):
         propose(tools)
+    with pytest.raises(ProposerError, match=message):
+        read_space(TOY.replace(old, new))
 
 
 def test_without_a_search_space_only_triton_launch_knobs_move(tools):  # noqa: F811

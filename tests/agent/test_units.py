@@ -247,7 +247,7 @@ def test_offline_search_edits_the_tier_of_the_weaker_stratum_and_skips_shadowed_
     assert not any("K_MIN" in s or "N_MAX" in s for s in seen)  # a tier's range is not a knob
 
 
-# The split-K draft's tables as ledger v40 had them: a general table and two tiers, one per orientation.
+# A general table and two tiers, one per orientation, in the shape of an older split-K plan table.
 TWO_TIERS = '''GROUP_SIZE = 128
 
 

@@ -70,7 +70,8 @@ def instructions(ptx: str) -> int:
 
 
 def compile_sm90(kernel_fn, pointers: dict, constants: dict, options: dict) -> dict:
-    # the launches' own specialization: 16-byte aligned pointers, N and K divisible by 16
+    # what the launches specialize on: 16-byte aligned pointers, N and K divisible by 16 (M too at M = 32, which this
+    # leaves out: the loop is the same, the epilogue's masks differ)
     source = ASTSource(fn=kernel_fn, constexprs=constants, signature=pointers | dict.fromkeys(constants, "constexpr"),
                        attrs={(i,): [["tt.divisibility", 16]] for i, name in enumerate(pointers) if name != "M"})
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
@@ -107,10 +108,12 @@ def main(solution: str) -> None:
     module = load_solution(Path(solution))
     kernels = importlib.import_module(module.__name__.rpartition(".")[0] + ".kernels")
     cases = kh.load_panel("visible")
-    # every visible plan, the unsplit path, each inline-PTX dequant on the first case (ptxas assembles the sequence
-    # here, so one it rejects shows on CPU), and the stream-K kernel (GRID 1) for each case
+    # every visible plan, the unsplit path, each inline-PTX dequant and the scale before the dot on the first case
+    # (ptxas assembles the inline sequences here, so one it rejects shows on CPU), and the stream-K kernel (GRID 1)
+    # for each case
     jobs = [(case, None) for case in cases] + [(cases[0], {"SPLIT_K": 1})]
-    jobs += [(cases[0], {"DEQUANT": d}) for d in (2, 3)] + [(case, {"GRID": 1}) for case in cases]
+    jobs += [(cases[0], {"DEQUANT": d}) for d in (2, 3)] + [(cases[0], {"SCALE_AFTER_DOT": 0})]
+    jobs += [(case, {"GRID": 1}) for case in cases]
     seen, records = set(), []
     for case, overrides in jobs:
         name, constants, options, cfg = kernel_plan(module, case, overrides)
@@ -119,7 +122,8 @@ def main(solution: str) -> None:
             continue
         seen.add(key)
         records.append({"case": case.name, "kernel": name, "split_k": constants.get("SPLIT_K", 0),
-                        "dequant": cfg["DEQUANT"], "block_n": cfg["BLOCK_SIZE_N"],
+                        "dequant": cfg["DEQUANT"], "scale_after_dot": cfg["SCALE_AFTER_DOT"],
+                        "block_n": cfg["BLOCK_SIZE_N"],
                         **compile_sm90(getattr(kernels, name), POINTERS, constants, options)})
     print(json.dumps(records))
 

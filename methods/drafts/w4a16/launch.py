@@ -22,7 +22,7 @@ def make_call(cfg, M, K, N, activation, weights, x, residual):
     tiles = cfg["M_TILES"] * cfg["N_TILES"]
     device = x.device
     kept = None
-    if stream or cfg["SPLIT_K"] > 1:
+    if keeps_accumulator(cfg):
         kept = (torch.zeros((M, N), dtype=torch.float32, device=device),
                 torch.zeros(tiles, dtype=torch.int32, device=device))
     compiled = device.type == "cuda" and isinstance(w4a16_splitk_kernel, JITFunction)
@@ -42,8 +42,7 @@ def make_call(cfg, M, K, N, activation, weights, x, residual):
     out = torch.empty(out_shape, dtype=torch.float16, device=device)
     accumulator, counters = kept or (out, out)
     # warmup compiles without launching: the accumulator and the counters stay at zero
-    compiled_kernel = kernel.warmup(x, *weights[:3], residual, out, accumulator, counters, *tail, grid=grid,
-                                    **options)
+    compiled_kernel = kernel.warmup(x, *weights, residual, out, accumulator, counters, *tail, grid=grid, **options)
     device_index = device.index
     if stream and cfg["PROGRAMS"] <= 0:
         steps = tiles * (K // cfg["BLOCK_SIZE_K"])
@@ -53,6 +52,11 @@ def make_call(cfg, M, K, N, activation, weights, x, residual):
     if bare:
         return address_call(run, out_shape, device, weights, kept, tail)
     return tensor_call(run, out_shape, device, weights, kept, tail)
+
+
+def keeps_accumulator(cfg):
+    """Whether a plan's tiles meet in the kept accumulator: split tiles, or a stream-K grid."""
+    return cfg["GRID"] == 1 or cfg["SPLIT_K"] > 1
 
 
 def interpreted_call(kernel, grid, options, out_shape, weights, kept, tail):

@@ -52,16 +52,16 @@ TIERS = [
 ]
 
 # What the loop may change, as data (agent/proposers/offline.py reads it without importing this file). "unmeasured"
-# values have not run on a GPU yet.
+# values have not run on a GPU with this kernel (reports/examples/h200-splitk-sweeps holds what has).
 SEARCH_SPACE = {
     "knobs": {
         "BLOCK_SIZE_N": {"values": [64, 128, 256],
                          "reason": "wider N tiles read x less per weight byte but leave fewer programs for 132 SMs"},
-        "MIN_PROGRAMS": {"values": [132, 264, 396, 528, 660],
+        "MIN_PROGRAMS": {"values": [132, 264, 396, 528, 660], "unmeasured": [132],
                          "reason": "more split-K programs hide memory latency; fewer cut the accumulator's atomics"},
         "SPLIT_K": {"values": [0, 1, 2, 4, 8],
                     "reason": "a fixed split count instead of the one MIN_PROGRAMS implies (0)"},
-        "num_stages": {"values": [2, 3, 4, 5],
+        "num_stages": {"values": [2, 3, 4, 5], "unmeasured": [2, 5],
                        "reason": "more stages keep more weight loads in flight; fewer free shared memory"},
         "num_warps": {"values": [4, 8], "reason": "more warps hide the dequant's and the loads' latency"},
         "DEQUANT": {"values": [2, 3], "unmeasured": [3],
@@ -92,6 +92,9 @@ def plan(M, K, N, overrides=None):
     config = dict(get_config())
     tier = next((t for t in TIERS if t["N_MIN"] <= N <= t["N_MAX"] and t["K_MIN"] <= K <= t["K_MAX"]), {})
     config.update({key: value for key, value in tier.items() if key not in _TIER_RANGE_KEYS})
+    unknown = sorted(set(overrides or {}) - set(config))
+    if unknown:
+        raise ValueError(f"unknown plan keys {unknown}; the keys are those of get_config(): {sorted(config)}")
     config.update(overrides or {})
     if config["BLOCK_SIZE_K"] != GROUP_SIZE:
         raise ValueError(f"BLOCK_SIZE_K must equal the quantization group {GROUP_SIZE}; got {config['BLOCK_SIZE_K']}")
@@ -175,7 +178,7 @@ def build(qweight, scales, bias, epilogue, config=None):
             if x.device != device or residual.device != device:
                 raise ValueError(f"x and residual must be on {device}; got {x.device} and {residual.device}")
             cfg = plan(M, K, N, overrides)
-            if cfg["GRID"] == 1 or cfg["SPLIT_K"] > 1:
+            if launch.keeps_accumulator(cfg):
                 for other in keeping:
                     calls.pop(other, None)
                 keeping[:] = [M]
