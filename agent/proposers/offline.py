@@ -23,6 +23,10 @@ from agent.proposers.space import Knob, Space, assigned, find_get_config, number
 from agent.tools import Tools
 
 STRATA_N = {"balanced": (4096, 1 << 62), "expert-batch": (1, 2048)}  # SPEC.md's N ranges of the two strata
+# (stratum, N, K) shapes the strata span on SPEC.md's panels: what a table decides is judged on these when no profile
+# names the panel's own cases
+SAMPLE_SHAPES = tuple((stratum, n, 8192) for stratum, ns in (("expert-batch", (256, 1024, 2048)),
+                                                             ("balanced", (4096, 8192, 16384, 28672))) for n in ns)
 OPEN_END = 1 << 40  # how tiers write "no upper bound"
 NOT_MEASURED = " (not yet measured on a GPU)"
 
@@ -38,7 +42,7 @@ def _literal(value: object) -> str:
 @dataclass
 class Table:
     """One dict literal of the solution (or a tier to insert): its span, its entries (value source kept), each value's
-    span, the strata of the visible panel it decides and the N range it covers."""
+    span, the strata its N range meets and the N and K ranges it covers (None: unknown, so any shape)."""
 
     name: str  # "config" or "TIERS[i]"
     start: int
@@ -47,9 +51,17 @@ class Table:
     strata: frozenset[str]
     spans: dict[str, tuple[int, int]] = field(default_factory=dict)
     n_range: tuple[int, int] | None = None
+    k_range: tuple[int, int] | None = None
     label: str = ""  # how a summary names it: "" (config), "TIERS[i]", "new tier N lo..hi"
     before: str = ""
     after: str = ""
+
+    def holds(self, shape: tuple[str, int, int]) -> bool:
+        """Whether a tier's ranges hold a (stratum, N, K) shape, as the solution's plan() matches tiers."""
+        _, n, k = shape
+        n_lo, n_hi = self.n_range or (n, n)
+        k_lo, k_hi = self.k_range or (k, k)
+        return n_lo <= n <= n_hi and k_lo <= k <= k_hi
 
     def text(self, changes: dict[str, object]) -> str:
         items = {**self.entries, **changes}.items()
@@ -103,10 +115,13 @@ def find_tables(source: str) -> list[Table]:
         if string_keys(element):
             bounds = {k.value: number(v) for k, v in zip(element.keys, element.values)}
             low, high = bounds.get("N_MIN", 0), bounds.get("N_MAX", OPEN_END)
+            k_low, k_high = bounds.get("K_MIN", 0), bounds.get("K_MAX", OPEN_END)
             known = low is not None and high is not None  # else: both strata, covering neither whole
+            k_known = k_low is not None and k_high is not None
             tables.append(_table(f"TIERS[{index}]", element, locate, source, label=f"TIERS[{index}]",
                                  strata=_strata(low, high) if known else frozenset(STRATA_N),
-                                 n_range=(low, high) if known else None))
+                                 n_range=(low, high) if known else None,
+                                 k_range=(k_low, k_high) if k_known else None))
     return tables
 
 
@@ -148,7 +163,8 @@ def new_tier(source: str, tables: list[Table], stratum: str) -> Table | None:
     name = f"TIERS[{len(tiers.elts) if tiers else 0}]"
     top = _Source("1 << 40") if high == OPEN_END else high
     entries = {"N_MIN": low, "N_MAX": top, "K_MIN": 128, "K_MAX": _Source("1 << 40")}
-    return Table(name, at, at, entries, frozenset({stratum}), n_range=(low, high), before=before, after=after,
+    return Table(name, at, at, entries, frozenset({stratum}), n_range=(low, high), k_range=(128, OPEN_END),
+                 before=before, after=after,
                  label=f"new tier N {low}..{'1<<40' if high == OPEN_END else high}")
 
 
@@ -202,34 +218,43 @@ class Move:
         return f"{self.label + ' ' if self.label else ''}{self.knob} {self.current}->{self.value}"
 
 
-def decider(tables: list[Table], stratum: str, knob: str) -> Table:
-    """The table whose value of ``knob`` the stratum's shapes take: the first tier covering the stratum that sets it,
-    else the general table."""
-    return next((t for t in tables[1:] if stratum in t.strata and knob in t.entries), tables[0])
+def shapes(profile: dict | None) -> tuple[tuple[str, int, int], ...]:
+    """The (stratum, N, K) shapes of the profile's cases, else SAMPLE_SHAPES."""
+    cases = [case.get("case") or {} for case in (profile or {}).get("cases") or []]
+    found = {(c["stratum"], c["n"], c["k"]) for c in cases if c.get("stratum") in STRATA_N and "n" in c and "k" in c}
+    return tuple(sorted(found)) or SAMPLE_SHAPES
 
 
-def decides(tables: list[Table], table: Table, knob: str, space: Space) -> bool:
-    """Whether changing ``knob`` in ``table`` changes anything on the panel: some stratum takes its value from this
-    table (a general knob that tiers override for every stratum decides nothing), and the knob matters there (one of
-    its only_when alternatives holds on the values that stratum takes; a knob no table holds does not restrict)."""
+def decider(tables: list[Table], shape: tuple[str, int, int], knob: str) -> Table:
+    """The table whose value of ``knob`` a shape takes, as plan() chooses: the first tier that holds the shape when
+    it sets the knob, else the general table."""
+    tier = next((t for t in tables[1:] if t.holds(shape)), None)
+    return tier if tier is not None and knob in tier.entries else tables[0]
 
-    def matters(stratum: str) -> bool:
+
+def decides(tables: list[Table], table: Table, knob: str, space: Space, cases) -> bool:
+    """Whether changing ``knob`` in ``table`` changes anything for the shapes ``cases``: some shape takes its value
+    from this table (a general knob that tiers override everywhere decides nothing), and the knob matters there (one
+    of its only_when alternatives holds on the values that shape takes; a knob no table holds does not restrict)."""
+
+    def matters(shape: tuple[str, int, int]) -> bool:
         return not space.only_when.get(knob) or any(
             all(value is None or isinstance(value, _Source) or value in allowed
                 for other, allowed in alternative.items()
-                for value in [decider(tables, stratum, other).entries.get(other)])
+                for value in [decider(tables, shape, other).entries.get(other)])
             for alternative in space.only_when[knob])
 
-    return any(decider(tables, s, knob) is table and matters(s) for s in table.strata)
+    return any(decider(tables, shape, knob) is table and matters(shape) for shape in cases)
 
 
 def single_moves(tables: list[Table], profile: dict | None, space: Space, tier: Table | None = None) -> list[Move]:
     """Every one-knob neighbour of every table (and of ``tier``, a new tier for the weaker stratum), nearest first;
-    tables deciding the weaker stratum before the others, then the space's knob order. Knobs that decide nothing on
-    the panel (see ``decides``) are left out; a new tier takes a knob only where the general table's value of it also
-    serves another stratum (else moving the general table is the same attempt)."""
-    weaker, general = weaker_stratum(profile), tables[0]
+    tables deciding the weaker stratum before the others, then the space's knob order. Knobs that decide nothing for
+    the panel's shapes (see ``decides``) are left out; a new tier takes a knob only where the general table's value of
+    it also serves a shape of another stratum (else moving the general table is the same attempt)."""
+    weaker, general, cases = weaker_stratum(profile), tables[0], shapes(profile)
     ranked = sorted(tables + ([tier] if tier else []), key=lambda t: (weaker not in t.strata, len(t.strata), t.start))
+    shadowed = tier is not None and any(t.holds(shape) for t in tables[1:] for shape in cases if shape[0] == weaker)
     moves = []
     for table_rank, table in enumerate(ranked):
         for knob_rank, (knob, declared) in enumerate(space.knobs.items()):
@@ -237,11 +262,12 @@ def single_moves(tables: list[Table], profile: dict | None, space: Space, tier: 
                 if knob not in general.entries:
                     continue
                 trial = replace(tier, entries={**tier.entries, knob: general.entries[knob]})
-                if not decides(tables + [trial], trial, knob, space) or not any(
-                        decider(tables, s, knob) is general for s in general.strata - {weaker}):
+                if not decides(tables + [trial], trial, knob, space, cases) or not any(
+                        decider(tables, shape, knob) is general for shape in cases if shape[0] != weaker):
                     continue
-                current, why = general.entries[knob], f"{declared.reason}, for the {weaker} shapes only"
-            elif knob in table.entries and decides(tables, table, knob, space):
+                only = "that no earlier tier holds" if shadowed else "only"
+                current, why = general.entries[knob], f"{declared.reason}, for the {weaker} shapes {only}"
+            elif knob in table.entries and decides(tables, table, knob, space, cases):
                 current, why = table.entries[knob], declared.reason
             else:
                 continue

@@ -6,10 +6,11 @@ import pytest
 
 from agent.exceptions import LimitsExceeded, ProposerError
 from agent.ledger import format_row
-from agent.proposers.offline import NOT_MEASURED, find_tables
+from agent.proposers.offline import NOT_MEASURED, find_tables, new_tier, single_moves
 from agent.proposers.space import read_space
 from tests.agent.test_tools import tools  # noqa: F401 (the fixture)
 from tests.agent.test_units import _sha, changes, mark_tried, propose
+from tests.conftest import ROOT
 
 TOY = '''"""A toy solution: its own switches, its own space."""
 GROUP_SIZE = 64
@@ -87,8 +88,8 @@ def test_only_declared_knobs_move_to_declared_values_and_refused_combinations_ne
     assert not any(paired(s, "TIERS[0] TILE_WIBBLE 16->64", "QUUX_MODE 0->2") for s in summaries)  # the tier's shapes
     assert any(paired(s, "TIERS[0] TILE_WIBBLE 16->32", "QUUX_MODE 0->2") for s in summaries)
     first = proposals[0][1]
-    assert first.summary == "new tier N 4096..1<<40 QUUX_MODE 0->1"  # no tier covers the (weaker) balanced shapes
-    assert first.hypothesis.startswith("quux modes 1 and 2 fuse the wibble, for the balanced shapes only (config:")
+    assert first.summary == "new tier N 4096..1<<40 TILE_WIBBLE 32->64"  # no tier covers the (weaker) balanced shapes
+    assert first.hypothesis.startswith("wibblier tiles frob fewer quuxes, for the balanced shapes only (config:")
     wibble = next(s for _, s in proposals if s.summary == "TILE_WIBBLE 32->64")
     assert wibble.hypothesis.startswith("wibblier tiles frob fewer quuxes (config: ")
 
@@ -111,23 +112,23 @@ def test_a_tier_is_added_for_the_weaker_stratum_and_then_edited(tools):  # noqa:
     mark_tried(tools, proposal)
     tools.candidate.joinpath("solution.py").write_text(TOY)
     proposal, submitted = propose(tools, EXPERT_WEAKER)
-    # TIERS[0] covers only part of the expert-batch shapes: a tier for all of them goes at the end of TIERS. It takes
-    # QUUX_MODE, which the general table decides for both strata; TILE_WIBBLE is TIERS[0]'s for those shapes.
-    assert submitted.summary == "new tier N 1..2048 QUUX_MODE 0->1"
-    assert submitted.hypothesis.startswith("quux modes 1 and 2 fuse the wibble, for the expert-batch shapes only")
+    # TIERS[0] covers only part of the expert-batch shapes: a tier for all of them goes at the end of TIERS, where it
+    # serves the expert-batch shapes TIERS[0] does not hold (N 2048 here), which take TILE_WIBBLE from the general table
+    assert submitted.summary == "new tier N 1..2048 TILE_WIBBLE 32->64"
+    assert submitted.hypothesis.startswith(
+        "wibblier tiles frob fewer quuxes, for the expert-batch shapes that no earlier tier holds")
     tables = find_tables(proposal)
     assert [t.name for t in tables] == ["config", "TIERS[0]", "TIERS[1]"]
     assert tables[1].entries == find_tables(TOY)[1].entries  # first match wins: the narrower tier keeps precedence
-    assert tables[2].entries == {"N_MIN": 1, "N_MAX": 2048, "K_MIN": 128, "K_MAX": "1 << 40", "QUUX_MODE": 1}
-    added = '\n    {"N_MIN": 1, "N_MAX": 2048, "K_MIN": 128, "K_MAX": 1 << 40, "QUUX_MODE": 1},'
+    assert tables[2].entries == {"N_MIN": 1, "N_MAX": 2048, "K_MIN": 128, "K_MAX": "1 << 40", "TILE_WIBBLE": 64}
+    added = '\n    {"N_MIN": 1, "N_MAX": 2048, "K_MIN": 128, "K_MAX": 1 << 40, "TILE_WIBBLE": 64},'
     assert proposal.count(added) == 1 and proposal.replace(added, "") == TOY
-    # kept: the expert-batch shapes have their tier now, so it is edited, never added again; and FROB_DEPTH, which
-    # matters where QUUX_MODE is 1, is searched for the shapes that tier serves
+    # kept: the expert-batch shapes have their tier now, so it is edited, never added again
     tiered = proposal
     later = [s.summary for _, s in exhaust(tools, tiered, EXPERT_WEAKER)]
     assert not any(s.startswith("new tier") for s in later)
-    assert {"TIERS[1] QUUX_MODE 1->2", "TIERS[1] QUUX_MODE 1->0", "FROB_DEPTH 2->3"} <= set(later)
-    assert later.index("TIERS[1] QUUX_MODE 1->2") < later.index("QUUX_MODE 0->1")  # the weaker stratum's tables first
+    assert {"TIERS[1] TILE_WIBBLE 64->32", "TIERS[1] TILE_WIBBLE 64->16"} <= set(later)
+    assert later.index("TIERS[1] TILE_WIBBLE 64->32") < later.index("QUUX_MODE 0->1")  # the weaker stratum's first
 
 
 def test_a_solution_that_names_tiers_but_has_none_gets_a_tiers_list_after_get_config(tools):  # noqa: F811
@@ -159,11 +160,11 @@ def test_a_new_tier_move_that_failed_alone_is_never_combined(tools):  # noqa: F8
             failed = failed or submitted.summary
             row |= {"correct": "no", "residency": "-"} if failed == submitted.summary else {}
         ledger.write_text(ledger.read_text() + format_row(row) + "\n")
-    assert failed == "new tier N 1..2048 QUUX_MODE 0->1"
+    assert failed == "new tier N 1..2048 TILE_WIBBLE 32->64"
     mark_tried(tools, proposal)
     pairs = [submitted.summary] + [s.summary for _, s in exhaust(tools, TOY, EXPERT_WEAKER)]
     assert pairs and all(" + " in s for s in pairs) and not any(failed in s for s in pairs)
-    assert any("new tier N 1..2048 QUUX_MODE 0->2" in s for s in pairs)  # its other value still combines
+    assert any("new tier N 1..2048 TILE_WIBBLE 32->16" in s for s in pairs)  # its other value still combines
 
 
 MALFORMED = [
@@ -202,3 +203,25 @@ def test_without_a_search_space_only_triton_launch_knobs_move(tools):  # noqa: F
     moved = {knob for proposal, _ in exhaust(tools, bare) for _, knob, _ in changes(find_tables(bare),
                                                                                      find_tables(proposal))}
     assert moved == {"BLOCK_SIZE_N", "num_warps", "num_stages"}
+
+
+def test_what_a_table_decides_follows_the_shapes_as_plan_matches_them():
+    """A tier covering part of a stratum decides only the shapes it holds (the first matching tier, as plan() picks
+    it); the rest take the general table, so a new tier for the stratum may take that knob for them."""
+    family = (ROOT / "methods" / "drafts" / "w4a16" / "solution.py").read_text()
+    tables, space = find_tables(family), read_space(family)
+    cases = [{"case": {"stratum": stratum, "n": n, "k": 8192}}
+             for stratum, n in (("expert-batch", 1024), ("balanced", 8192), ("balanced", 28672))]
+    expert = {"strata": {"balanced": 1.0, "expert-batch": 0.5}, "cases": cases}
+    moves = single_moves(tables, expert, space, new_tier(family, tables, "expert-batch"))
+    # the widest-output tier (N >= 16384) holds one balanced case: the general MIN_PROGRAMS serves the other and
+    # the expert-batch case, so an expert-batch tier of its own may move it
+    assert any(str(m) == "new tier N 1..2048 MIN_PROGRAMS 396->528" for m in moves)
+    assert any(str(m) == "MIN_PROGRAMS 396->528" for m in moves) and any(str(m).startswith("TIERS[0]") for m in moves)
+    balanced = {"strata": {"balanced": 0.5, "expert-batch": 1.0}, "cases": cases}
+    tier = new_tier(family, tables, "balanced")
+    added = [m for m in single_moves(tables, balanced, space, tier) if m.table == tier.name]
+    assert added and all("for the balanced shapes that no earlier tier holds" in m.reason for m in added)
+    only_widest = [c for c in cases if c["case"]["n"] != 8192]  # every balanced case in the widest tier
+    assert not [m for m in single_moves(tables, {**balanced, "cases": only_widest}, space, tier)
+                if m.table == tier.name], "a tier no case reaches decides nothing"
