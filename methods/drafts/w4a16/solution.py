@@ -52,7 +52,8 @@ TIERS = [
 ]
 
 # What the loop may change, as data (agent/proposers/offline.py reads it without importing this file). "unmeasured"
-# values have not run on a GPU with this kernel (reports/examples/h200-splitk-sweeps holds what has).
+# values have not run on a GPU with this kernel (reports/examples/h200-splitk-sweeps and h200-w4a16-family hold what
+# has).
 SEARCH_SPACE = {
     "knobs": {
         "BLOCK_SIZE_N": {"values": [64, 128, 256],
@@ -68,9 +69,9 @@ SEARCH_SPACE = {
                     "reason": "3 dequantizes a word with one shift, not three (9 instructions per 8 codes, not 11)"},
         "SCALE_AFTER_DOT": {"values": [1, 0], "unmeasured": [0],
                             "reason": "0 scales the fp16 tile before the dot: one fused MMA, no fp32 multiply a step"},
-        "LAUNCH": {"values": [1, 2], "unmeasured": [2],
+        "LAUNCH": {"values": [1, 2],
                    "reason": "2 passes integer addresses to the launcher: less host time per call"},
-        "GRID": {"values": [0, 1], "unmeasured": [1],
+        "GRID": {"values": [0, 1],
                  "reason": "1 is stream-K: equal group steps per program, no partial last wave of programs"},
     },
     "only_when": {"MIN_PROGRAMS": [{"SPLIT_K": [0]}, {"GRID": [1]}], "SPLIT_K": [{"GRID": [0]}]},
