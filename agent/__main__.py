@@ -1,4 +1,8 @@
-"""python -m agent run|submit|status|report|promote|clean-workspace: the command line of the loop."""
+""".venv/bin/python -m agent run|submit|status|report|promote|clean-workspace: the command line of the loop.
+
+Bad input (a panel, a start, a backend or its endpoint, a run to resume) is refused before anything is written: one
+line on stderr and exit 2, with no run state, worktree, branch, row or version left behind.
+"""
 from __future__ import annotations
 
 import argparse
@@ -11,15 +15,46 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from agent import ledger, report
-from agent.config import RunConfig, Task, from_dict
-from agent.display import Display
-from agent.loop import Run, fmt, summary
-from agent.promote import promote
-from agent.proposers import make_proposer
-from agent.workspace import RunState, Workspace, all_runs, clean, new_run_id, pid_alive, replace_solution
+try:
+    from agent import ledger, report
+    from agent.config import RunConfig, Task, from_dict
+    from agent.display import Display, quiet_stdout, say
+    from agent.exceptions import EndpointUnavailable
+    from agent.loop import PROG, Run, fmt, summary
+    from agent.promote import promote
+    from agent.proposers import Proposer, make_proposer
+    from agent.runner import python_command, python_env, run_command
+    from agent.workspace import RunState, Workspace, all_runs, clean, new_run_id, pid_alive, replace_solution
+except ModuleNotFoundError as missing:  # a python outside the project's venv: say how to get one, not a traceback
+    if (missing.name or "").split(".")[0] in ("agent", "evals"):
+        raise
+    sys.exit(f"agent: {sys.executable} has no module {missing.name!r}: run `make setup`, then use "
+             f"`.venv/bin/python -m agent` (or the make targets)")
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+class Refused(Exception):
+    """Bad input, found before anything is written: main prints it as one line and exits 2."""
+
+
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's help ends with its default, where it has one (flags and unset options have none to show)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of attempts, at least 1; got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1; got {value}")
+    return value
 
 
 def has_cuda() -> bool:
@@ -48,31 +83,75 @@ def resolve_panel(panel: str, cuda: bool) -> tuple[str, str | None]:
         return panel, None
     path = Path(panel).resolve()
     if not path.is_file():
-        raise SystemExit(f"agent: no panel file at {panel}; give visible, smoke or a panel JSON path")
+        raise Refused(f"no panel file at {panel}; give visible, smoke or a panel JSON path")
     return str(path), None if cuda else "no CUDA GPU: Triton interpreter; timings are not GPU timings"
+
+
+def check_panel(task: Task, panel: str, cuda: bool) -> None:
+    """The evaluator lists the panel's cases: a panel it cannot use is refused here, not recorded as an attempt."""
+    listed = run_command(python_command(task.cases_cmd, "--panel", panel), task.root, task.eval_timeout_s,
+                         python_env(task.root, cuda))
+    if listed["returncode"] != 0:
+        lines = [line.strip() for line in listed["output"].splitlines() if line.strip()]
+        raise Refused(f"the evaluator cannot use panel {panel}: "
+                      + (lines[-1] if lines else f"{' '.join(task.cases_cmd)} exit {listed['returncode']}"))
 
 
 def start_point(task: Task, start: str) -> Path:
     if start == "main":
         return task.root / task.candidate_dir
     if not re.fullmatch(r"v\d+", start) or not (task.versions / start / "solution.py").is_file():
-        raise SystemExit(f"agent: --from {start}: expected main or an existing version such as v0")
+        raise Refused(f"--from {start}: expected main or an existing version such as v0 "
+                      f"(one with {task.versions_dir}/{start}/solution.py)")
     return task.versions / start
 
 
-def new_run(task: Task, args: argparse.Namespace) -> tuple[RunConfig, RunState, Workspace]:
+def load_task(task_file: str | None) -> Task:
+    try:
+        return Task.load(ROOT, task_file)
+    except (OSError, ValueError) as exc:  # a missing file, JSON that is not, an unknown field
+        raise Refused(f"--task {task_file}: {exc}") from None
+
+
+def ready_proposer(config: RunConfig) -> Proposer:
+    """The backend, built and (where it has an endpoint) probed once, before anything is written."""
+    try:
+        proposer = make_proposer(config.backend, config.model, config.script)
+    except ModuleNotFoundError as exc:
+        raise Refused(f"the {config.backend} backend needs the {exc.name!r} package: run `make setup`") from None
+    except (OSError, ValueError) as exc:  # no --script, a script that is not JSON, a malformed price
+        raise Refused(f"backend {config.backend}: {exc}") from None
+    probe = getattr(proposer, "probe", None)
+    if probe is not None:
+        try:
+            probe()
+        except EndpointUnavailable as exc:
+            raise Refused(str(exc)) from None
+    return proposer
+
+
+def planned_run(task: Task, args: argparse.Namespace) -> tuple[RunConfig, Path]:
+    """A new run's config and start point, every input checked; nothing is written yet."""
     cuda = has_cuda()
     panel, note = resolve_panel(args.panel, cuda)
+    check_panel(task, panel, cuda)
     config = RunConfig(iters=args.iters, backend=resolve_backend(args.backend), model=args.model or "", panel=panel,
                        start_from=args.start_from, time_limit_min=args.time_limit, cost_limit_usd=args.cost_limit,
                        script=str(Path(args.script).resolve()) if args.script else None, cuda=cuda,
                        task_file=str(Path(args.task).resolve()) if args.task else None, full_check=args.full_check)
+    start = start_point(task, config.start_from)
     if note:
-        print(f"note: {note}", flush=True)
+        say(f"note: {note}")
+    return config, start
+
+
+def new_run(task: Task, config: RunConfig, start: Path) -> tuple[RunState, Workspace]:
+    checkout = report.checkout(task.root)  # before the run's own rows make the checkout look dirty
     run_id = new_run_id()
     workspace = Workspace(task.root, run_id, task.candidate_dir)
-    start = start_point(task, config.start_from)
     workspace.create(start)
+    workspace.state_dir.mkdir(parents=True, exist_ok=True)
+    (workspace.state_dir / report.CHECKOUT).write_text(json.dumps(checkout) + "\n")
     shutil.copytree(start, workspace.state_dir / "start",
                     ignore=shutil.ignore_patterns("*.patch", "*.json", "__pycache__"))
     # the run's first best is the start; name it by the version it equals so that rows and patches point at it
@@ -83,7 +162,30 @@ def new_run(task: Task, args: argparse.Namespace) -> tuple[RunConfig, RunState, 
     baseline_sha = ledger.solution_sha256(task.versions / task.baseline_version)
     state = RunState(run_id=run_id, config=asdict(config), pid=os.getpid(),
                      started=run_id[:15], start_label=label, best_label=label, best_is_baseline=sha == baseline_sha)
-    return config, state, workspace
+    return state, workspace
+
+
+def resumed_run(args: argparse.Namespace) -> tuple[Task, RunConfig, RunState, Workspace]:
+    """A stopped or killed run's task, config, state and worktree, checked; nothing is written yet."""
+    state_dir = ROOT / "workspace" / ".runs" / args.resume
+    if not (state_dir / "state.json").is_file():
+        raise Refused(f"no run {args.resume} to resume; `{PROG} status` lists the runs")
+    state = RunState.load(state_dir)
+    task = load_task(state.config.get("task_file"))
+    workspace = Workspace(ROOT, args.resume, task.candidate_dir)
+    if state.status == "running" and state.pid != os.getpid() and pid_alive(state.pid):
+        raise Refused(f"run {args.resume} is still running (pid {state.pid})")
+    if not workspace.path.is_dir():
+        raise Refused(f"the worktree of {args.resume} is gone ({workspace.path}); it cannot be resumed: start a new "
+                      "run (--from vN starts from any version)")
+    config = from_dict(RunConfig, state.config)
+    if args.iters is not None:
+        if args.iters <= state.attempts:
+            raise Refused(f"run {args.resume} has made {state.attempts} attempt(s) and --iters is the new total: "
+                          f"give more than {state.attempts}")
+        config.iters = args.iters
+        state.config["iters"] = args.iters
+    return task, config, state, workspace
 
 
 def measure_start(run: Run) -> None:
@@ -92,6 +194,7 @@ def measure_start(run: Run) -> None:
     stage = run.evaluator_tools.selfcheck(run.tools.candidate)
     if stage.report and "cases" in stage.report:
         run.state.best_score = stage.report.get("score")
+        run.limit_stages(stage.seconds)
         for name in ("best_selfcheck.json", "start_selfcheck.json"):  # the start's stays for the report
             (run.workspace.state_dir / name).write_text(json.dumps(stage.report))
     run.display.line(f"start: score {fmt(run.state.best_score)} ({stage.note})")
@@ -100,35 +203,33 @@ def measure_start(run: Run) -> None:
 
 def write_report(task: Task, run_id: str) -> None:
     try:
-        print(f"report: {report.write(task, run_id).relative_to(ROOT)}/report.md", flush=True)
+        written = report.write(task, run_id)
     except Exception as exc:  # the run's record is the ledger; a report that fails must not hide the run's own error
         print(f"warning: the report of {run_id} could not be written ({type(exc).__name__}: {exc}); "
-              f"retry with `python -m agent report {run_id}`", file=sys.stderr, flush=True)
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    if args.resume:
-        state = RunState.load(ROOT / "workspace" / ".runs" / args.resume)
-        task = Task.load(ROOT, state.config.get("task_file"))
-        workspace = Workspace(ROOT, args.resume, task.candidate_dir)
-        if state.status == "running" and state.pid != os.getpid() and pid_alive(state.pid):
-            raise SystemExit(f"agent: run {args.resume} is still running (pid {state.pid})")
-        if not workspace.path.is_dir():
-            raise SystemExit(f"agent: the worktree of {args.resume} is gone ({workspace.path}); it cannot be resumed")
-        config = from_dict(RunConfig, state.config)
-        if args.iters is not None:
-            config.iters = args.iters
-            state.config["iters"] = args.iters
-        state.status, state.pid, state.stop_reason = "running", os.getpid(), ""
-        fresh = False
+              f"retry with `{PROG} report {run_id}`", file=sys.stderr, flush=True)
     else:
+        say(f"report: {written.relative_to(ROOT)}/report.md")
+
+
+def run_session(args: argparse.Namespace) -> RunState:
+    """A new or resumed run, to its end. Every input is checked first: bad input raises Refused before anything is
+    written. An endpoint that fails mid-run raises EndpointUnavailable after the run state and report say so."""
+    fresh = not args.resume
+    if fresh:
         if args.iters is None:
-            raise SystemExit("agent: run needs --iters N (or --resume RUN_ID)")
-        task = Task.load(ROOT, args.task)
-        config, state, workspace = new_run(task, args)
-        fresh = True
+            raise Refused("run needs --iters N (or --resume RUN_ID)")
+        task = load_task(args.task)
+        config, start = planned_run(task, args)
+        if getattr(args, "hand_script", None):  # submit's calls, written once its inputs have passed
+            Path(config.script).parent.mkdir(parents=True, exist_ok=True)
+            Path(config.script).write_text(json.dumps(args.hand_script))
+        proposer = ready_proposer(config)
+        state, workspace = new_run(task, config, start)
+    else:
+        task, config, state, workspace = resumed_run(args)
+        proposer = ready_proposer(config)
+        state.status, state.pid, state.stop_reason = "running", os.getpid(), ""
     state.save(workspace.state_dir)
-    proposer = make_proposer(config.backend, config.model, config.script)
     run = Run(task, config, state, workspace, proposer, Display(config.iters, state.attempts, args.plain))
     if not fresh:  # a killed attempt may have left an unrecorded edit: resume from the best
         replace_solution(run.tools.candidate, run.best_dir)
@@ -139,9 +240,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         measure_start(run)
     try:
         run.run()
-    finally:  # a report on every ending, Ctrl-C and failures included
+    finally:  # a report and the summary on every ending, Ctrl-C and failures included
         write_report(task, state.run_id)
-    print(summary(task, run.state), flush=True)
+        say(summary(task, run.state))
+    return run.state
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        run_session(args)
+    except EndpointUnavailable:  # the run stopped and said why (its state, its report, the lines above)
+        return 1
     return 0
 
 
@@ -150,20 +259,24 @@ def cmd_submit(args: argparse.Namespace) -> int:
     source = Path(args.solution)
     files = sorted(source.glob("*.py")) if source.is_dir() else [source]
     if not files or not all(f.is_file() and f.suffix == ".py" for f in files):
-        raise SystemExit(f"agent: submit needs a solution.py or a folder holding one; got {args.solution}")
+        raise Refused(f"submit needs a solution.py or a folder holding one; got {args.solution}")
     if "solution.py" not in {f.name for f in files}:
-        raise SystemExit(f"agent: {args.solution} has no solution.py (the entry point build() lives there)")
-    task = Task.load(ROOT, args.task)
+        raise Refused(f"{args.solution} has no solution.py (the entry point build() lives there)")
+    task = load_task(args.task)
     calls = [{"tool": "write_file", "args": {"path": f"{task.candidate_dir}/{f.name}", "content": f.read_text()}}
              for f in files]
     calls.append({"tool": "submit", "args": {"summary": args.summary, "hypothesis": args.hypothesis or ""}})
-    scripts = ROOT / "workspace" / ".hand"
-    scripts.mkdir(parents=True, exist_ok=True)
-    script = scripts / f"{new_run_id()}.json"
-    script.write_text(json.dumps({"label": "hand", "calls": calls}))
-    args.script, args.backend, args.iters, args.resume, args.model = str(script), "scripted", 1, None, None
+    args.hand_script = {"label": "hand", "calls": calls}
+    args.script = str(ROOT / "workspace" / ".hand" / f"{new_run_id()}.json")
+    args.backend, args.iters, args.resume, args.model = "scripted", 1, None, None
     args.time_limit = args.cost_limit = None
-    return cmd_run(args)
+    state = run_session(args)
+    verdict = state.last_verdict or {"failed_stage": "(no attempt was recorded)"}
+    if not verdict.get("failed_stage"):  # valid: kept, or reverted as no faster, is the evaluator's answer, not a no
+        return 0
+    decision = state.history[-1]["decision"] if state.history else verdict["failed_stage"]
+    say(f"{verdict.get('version', 'the candidate')} was rejected: {decision}")
+    return 1
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -176,18 +289,31 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"best {state.best_label} ({fmt(state.best_score)})  {state.config.get('backend')}")
     scored = [r for r in map(ledger.parse_row, ledger.rows(task)) if r.get("score", "-") not in ("-", "")
               and r.get("decision", "").startswith("keep")]
-    best = sorted(scored, key=lambda r: float(r["score"]), reverse=True)[:5]
-    print("best kept versions: " + (", ".join(f"{r['version']} {r['score']}" for r in best) or "(none)"))
+    verdicts = {e.get("version"): e.get("verdict") or {} for e in ledger.index_entries(task)}
+    by_source: dict[str, list[dict]] = {}
+    for row in sorted(scored, key=lambda r: float(r["score"]), reverse=True):
+        by_source.setdefault(measured_on(verdicts.get(row["version"], {})), []).append(row)
+    print("best kept versions, by where they were measured (scores compare only within one line):"
+          + ("" if by_source else " (none)"))
+    for source, best in by_source.items():
+        print(f"  {source}: " + ", ".join(f"{r['version']} {r['score']}" for r in best[:5]))
     print("last rows:")
-    for line in ledger.rows(task)[-args.rows:]:
+    for line in ledger.rows(task)[-args.rows:] if args.rows > 0 else []:
         print("  " + line)
     return 0
+
+
+def measured_on(verdict: dict) -> str:
+    """The panel and device a version's numbers come from, as its verdict records them."""
+    if "panel" not in verdict:
+        return "panel and device not recorded"
+    return f"{Path(verdict['panel']).name} panel, {'GPU' if verdict.get('gpu_timing') else 'CPU interpreter'}"
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     task = Task(root=ROOT)
     if not report.known_run(task, args.run_id):
-        raise SystemExit(f"agent: no run {args.run_id}; `python -m agent status` lists the runs")
+        raise Refused(f"no run {args.run_id}; `{PROG} status` lists the runs")
     print(f"{report.write(task, args.run_id).relative_to(ROOT)}/report.md and report.html written")
     return 0
 
@@ -205,51 +331,74 @@ def cmd_clean(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agent",
-                                     description="kloop: the agent-driven kernel optimization loop")
+    parser = argparse.ArgumentParser(prog=PROG, description="kloop: the agent-driven kernel optimization loop")
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="run the loop")
-    run.add_argument("--iters", type=int, help="attempts to make (with --resume: the new total)")
-    run.add_argument("--backend", default="auto", choices=["auto", "offline", "openai", "scripted"])
-    run.add_argument("--model", help="model name for the openai backend")
-    run.add_argument("--panel", default="visible", help="visible, smoke or a panel JSON file")
-    run.add_argument("--from", dest="start_from", default="main", help="main or vN: where the candidate starts")
-    run.add_argument("--resume", metavar="RUN_ID", help="continue an interrupted run")
+
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=text, description=text, formatter_class=DefaultsFormatter)
+
+    run = command("run", "run the loop")
+    run.add_argument("--iters", type=at_least_one, metavar="N",
+                     help="attempts to make, at least 1 (with --resume: the new total, more than the attempts made)")
+    run.add_argument("--backend", default="auto", choices=["auto", "offline", "openai", "scripted"],
+                     help="who proposes: offline is the built-in search (no network); openai is any OpenAI-compatible "
+                          "endpoint (OPENAI_BASE_URL, OPENAI_API_KEY); scripted replays --script; auto is openai when "
+                          "either variable is set, else offline")
+    run.add_argument("--model", help="model name for the openai backend (default: OPENAI_MODEL, else gpt-4o-mini)")
+    run.add_argument("--panel", default="visible",
+                     help="visible, smoke or a panel JSON file; without CUDA visible becomes smoke")
+    run.add_argument("--from", dest="start_from", default="main", metavar="main|vN",
+                     help="where the candidate starts: methods/main or a version")
+    run.add_argument("--resume", metavar="RUN_ID", help="continue a stopped or killed run (`status` lists them)")
     run.add_argument("--time-limit", type=float, metavar="MIN", help="stop starting iterations after MIN minutes")
     run.add_argument("--cost-limit", type=float, metavar="USD", help="stop when the model cost reaches USD")
-    run.add_argument("--script", help="the scripted backend's JSON list of tool calls")
-    run.add_argument("--task", help="a JSON file of task fields replacing the defaults (evaluator commands, timeout)")
+    run.add_argument("--script", metavar="FILE", help="the scripted backend's JSON list of tool calls")
+    run.add_argument("--task", metavar="FILE",
+                     help="a JSON file of task fields replacing the defaults (evaluator commands, timeout)")
     run.add_argument("--full-check", action="store_true",
                      help="residency guard and gates on every correct candidate, not only on those that would be kept")
     run.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
-    submit = commands.add_parser("submit", help="evaluate and record a hand-written candidate as one attempt")
+    submit = command("submit", "evaluate and record a hand-written candidate as one attempt (exit 1 if it fails "
+                               "a check)")
     submit.add_argument("solution", help="a solution.py, or a folder whose *.py files (solution.py among them) "
                                          "replace the candidate's")
     submit.add_argument("--summary", required=True, help="what changed (the ledger row's summary)")
     submit.add_argument("--hypothesis", help="why it should be faster")
-    submit.add_argument("--panel", default="visible", help="visible, smoke or a panel JSON file")
-    submit.add_argument("--from", dest="start_from", default="main", help="main or vN: the parent it is compared with")
+    submit.add_argument("--panel", default="visible",
+                        help="visible, smoke or a panel JSON file; without CUDA visible becomes smoke")
+    submit.add_argument("--from", dest="start_from", default="main", metavar="main|vN",
+                        help="the parent it is compared with: methods/main or a version")
     submit.add_argument("--task", help=argparse.SUPPRESS)
     submit.add_argument("--full-check", action="store_true", help="residency guard and gates even if it is not faster")
     submit.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
-    status = commands.add_parser("status", help="runs, best versions, last ledger rows")
-    status.add_argument("--rows", type=int, default=5)
-    commands.add_parser("clean-workspace", help="remove the worktrees of finished runs")
-    report_cmd = commands.add_parser("report", help="(re)write reports/<run-id>/report.md and report.html")
-    report_cmd.add_argument("run_id")
-    promote_cmd = commands.add_parser("promote", help="check vN again and copy it into methods/main/")
+    status = command("status", "runs, best kept versions, last ledger rows")
+    status.add_argument("--rows", type=int, default=5, help="ledger rows to show")
+    command("clean-workspace", "remove the worktrees of finished runs")
+    report_cmd = command("report", "(re)write reports/<run-id>/report.md and report.html")
+    report_cmd.add_argument("run_id", help="a run id, as `status` lists them")
+    promote_cmd = command("promote", "check vN again and copy it into methods/main/")
     promote_cmd.add_argument("version", help="vN")
     promote_cmd.add_argument("--force", action="store_true",
-                             help="promote even if a check fails (recorded in the ledger)")
+                             help="promote even if a check fails or the numbers are interpreter timings (recorded in "
+                                  "the ledger)")
     promote_cmd.add_argument("--panel",
-                             help="visible, smoke or a panel JSON file (default visible, smoke without CUDA)")
+                             help="visible, smoke or a panel JSON file (default: visible, smoke without CUDA)")
     promote_cmd.add_argument("--note", default="", help="why, written into the promotion's ledger row")
     promote_cmd.add_argument("--verify", action="store_true",
                              help="also run the full verifier (timing gates included; a GPU, minutes) before promoting")
     args = parser.parse_args(argv)
     commands_by_name = {"run": cmd_run, "submit": cmd_submit, "status": cmd_status, "clean-workspace": cmd_clean,
                         "report": cmd_report, "promote": cmd_promote}
-    return commands_by_name[args.command](args)
+    try:
+        code = commands_by_name[args.command](args)
+        sys.stdout.flush()  # small outputs wait in the buffer: a closed pipe must show here, not at exit
+        return code
+    except Refused as exc:
+        print(f"agent: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # the reader of the output has gone (`| head`): there is no one left to tell
+        quiet_stdout()
+        return 0
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+PROG = ".venv/bin/python -m agent"  # the CLI as the README, every usage line and every hint spell it
+
 
 def from_dict(cls: type[T], data: dict[str, Any]) -> T:
     """Build ``cls`` from ``data``; a key that is not a field is an error that names the valid keys."""
@@ -37,13 +39,17 @@ class Task:
     baseline_version: str = "v0"
     """The yardstick version speedups are measured against."""
     eval_timeout_s: float = field(default_factory=lambda: float(os.environ.get("KLOOP_EVAL_TIMEOUT", "900")))
-    """Wall-clock limit of each evaluator subprocess; on expiry its whole process group is killed."""
+    """Wall-clock limit of each evaluator subprocess; on expiry its whole process group is killed. A run lowers it for
+    its attempts to follow the panel (agent.evaluate.panel_limit)."""
     policy_cmd: tuple[str, ...] = ("-m", "evals.policy")
     gates_cmd: tuple[str, ...] = ("-m", "evals.verifier", "--gates-only", "--jobs", "3")  # untimed: 3 cases at once
     verify_cmd: tuple[str, ...] = ("-m", "evals.verifier")  # the full judge, three timed roles per case
     selfcheck_cmd: tuple[str, ...] = ("-m", "evals.selfcheck")
     residency_cmd: tuple[str, ...] = ("-m", "evals.residency")
     profile_cmd: tuple[str, ...] = ("-m", "evals.profile")
+    cases_cmd: tuple[str, ...] = ("-m", "evals.selfcheck", "--list-cases")
+    """Lists a panel's cases (``--panel P`` appended), exit 2 when it is not a panel: run before a run starts, so that
+    a bad panel is refused before anything is written."""
 
     @classmethod
     def load(cls, root: Path, task_file: str | None) -> "Task":

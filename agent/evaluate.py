@@ -17,6 +17,17 @@ from agent.runner import clip, python_command, python_env, run_command
 
 SURELY_SLOWER = 0.05
 """How far below the best's score against v0 a candidate's may be before it is not timed against the best."""
+LIMIT_PER_START = 15.0
+"""A stage may take this many times the start's own selfcheck on the panel (which times v0 beside it); the slowest
+stages, the residency guard and the gates side by side, take 3-6 times as long."""
+LIMIT_FLOOR_S = 120.0
+"""The least time limit of a stage, however fast the start's selfcheck: room for compiling on a cold cache."""
+
+
+def panel_limit(task: Task, start_selfcheck_s: float) -> float:
+    """The time limit of each evaluator stage on a run's panel: it follows the panel's cost (a hang on the smoke panel
+    costs minutes, not the task's whole limit), never below the floor nor above the task's ``eval_timeout_s``."""
+    return min(task.eval_timeout_s, max(LIMIT_FLOOR_S, LIMIT_PER_START * start_selfcheck_s))
 
 
 @dataclass
@@ -46,15 +57,17 @@ def _failed_gates(report: dict) -> str:
 class Evaluator:
     """Runs the task's evaluator commands on a solution directory; outputs go to ``work_dir``."""
 
-    def __init__(self, task: Task, panel: str, cuda: bool, work_dir: Path):
+    def __init__(self, task: Task, panel: str, cuda: bool, work_dir: Path, timeout_s: float | None = None):
         self.task, self.panel, self.cuda, self.work_dir = task, panel, cuda, work_dir
+        # per stage; a run passes its panel_limit, which a lower task limit (KLOOP_EVAL_TIMEOUT on --resume) caps
+        self.timeout_s = min(timeout_s or task.eval_timeout_s, task.eval_timeout_s)
         work_dir.mkdir(parents=True, exist_ok=True)
 
     def _run(self, name: str, module_args: tuple[str, ...], args: list[str], json_out: Path) -> Stage:
         json_out.unlink(missing_ok=True)
         started = time.monotonic()
         result = run_command(python_command(module_args, *args, "--json", str(json_out)), self.task.root,
-                             self.task.eval_timeout_s, python_env(self.task.root, self.cuda))
+                             self.timeout_s, python_env(self.task.root, self.cuda))
         seconds = time.monotonic() - started
         try:
             report = json.loads(json_out.read_text()) if json_out.is_file() else None
@@ -62,7 +75,8 @@ class Evaluator:
             report = None
         rc = result["returncode"]
         if result["timed_out"]:
-            note = f"timed out after {self.task.eval_timeout_s:g} s (process group killed)"
+            limit = "the task's limit" if self.timeout_s >= self.task.eval_timeout_s else "the panel's limit"
+            note = f"timed out after {self.timeout_s:g} s, {limit} (process group killed)"
         elif rc < 0:
             note = f"crashed: killed by signal {-rc}"
         elif report is None:

@@ -1,7 +1,8 @@
 """The record: methods/versions/vN/ snapshots, the append-only ledger rows and methods/versions/index.jsonl.
 
 Everything is written under one file lock (methods/versions/.lock), so parallel runs take distinct version numbers
-and their rows land in version order. Rows are only ever appended, never rewritten.
+and their rows land in version order. Rows are only ever appended, never rewritten. A record survives a kill at any
+instant: see ``record``.
 """
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import difflib
 import fcntl
 import hashlib
 import json
+import os
 import re
 import shutil
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +25,16 @@ from agent.config import Task
 COLUMNS = ("version", "time (UTC)", "run", "backend/model", "parent", "summary / hypothesis", "correct", "residency",
            "balanced", "expert-batch", "score", "decision", "sha256")
 VERSION_DIR = re.compile(r"^v(\d+)$")
+PENDING = "pending.json"  # in vN/ until its row and index line are written: what a kill left unwritten, written later
+PAUSE_ENV = "KLOOP_PAUSE_AT"  # test-only: the agent process stops at the named write boundary (tests/agent/test_crash)
+
+
+def pause_at(point: str) -> None:
+    """Stop here, for a test to kill -9 the run at this boundary, when KLOOP_PAUSE_AT names ``point``; else nothing."""
+    if os.environ.get(PAUSE_ENV) == point:
+        print(f"kloop: paused at {point} (pid {os.getpid()})", file=sys.stderr, flush=True)
+        while True:
+            time.sleep(60)
 
 
 @contextlib.contextmanager
@@ -82,19 +96,54 @@ def index_entries(task: Task) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _append(task: Task, values: dict[str, object]) -> str:
-    """Append one row to the ledger (the caller holds the lock)."""
-    line = format_row(values)
-    text = task.ledger_path.read_text() if task.ledger_path.is_file() else ""
-    with open(task.ledger_path, "a") as handle:
-        handle.write(("" if text.endswith("\n") or not text else "\n") + line + "\n")
-    return line
+def _append_line(path: Path, line: str) -> None:
+    """Append ``line`` in one write(2) to an O_APPEND file: a kill leaves the whole line or none of it."""
+    data = (line + "\n").encode()
+    if path.is_file() and path.stat().st_size:
+        with open(path, "rb") as handle:
+            handle.seek(-1, os.SEEK_END)
+            data = data if handle.read(1) == b"\n" else b"\n" + data
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        while data:  # a regular file takes it in one write; a short write (a full disk) continues, never drops
+            data = data[os.write(fd, data):]
+    finally:
+        os.close(fd)
+
+
+def _finish_pending(task: Task) -> list[str]:
+    """Write what a killed writer left unwritten (the caller holds the lock, so that writer is gone): the row and the
+    index line of each vN that still holds pending.json. A half-made snapshot never became a vN; it is removed.
+    Returns the versions finished."""
+    for staging in task.versions.glob(".staging-v*"):
+        shutil.rmtree(staging)
+    finished = []
+    pending_paths = [p for p in task.versions.glob(f"v*/{PENDING}") if VERSION_DIR.match(p.parent.name)]
+    for path in sorted(pending_paths, key=lambda p: int(p.parent.name[1:])):
+        pending = json.loads(path.read_text())
+        version = pending["index"]["version"]
+        if not any(line.startswith(f"| {version} |") for line in rows(task)):
+            _append_line(task.ledger_path, pending["row"])
+        if not any(entry.get("version") == version for entry in index_entries(task)):
+            _append_line(task.versions / "index.jsonl", json.dumps(pending["index"], sort_keys=True))
+        path.unlink()
+        finished.append(version)
+    return finished
+
+
+def finish_pending(task: Task) -> list[str]:
+    """``_finish_pending`` under the lock: a resumed run calls it before it reads the index."""
+    with locked(task):
+        return _finish_pending(task)
 
 
 def append_row(task: Task, values: dict[str, object]) -> str:
     """A row that records no new version (a promotion), under the same lock as every attempt."""
     with locked(task):
-        return _append(task, values)
+        _finish_pending(task)  # an attempt's row before any row written after it
+        line = format_row(values)
+        _append_line(task.ledger_path, line)
+        return line
 
 
 @dataclass
@@ -102,22 +151,34 @@ class Recorded:
     version: str
     row: str
     directory: Path
+    entry: dict  # its index line
 
 
 def record(task: Task, candidate: Path, parent_dir: Path | None, parent_label: str, row: dict[str, object],
            verdict: dict, index_extra: dict) -> Recorded:
-    """Take the next vN, snapshot the candidate there, append its row and index line; all under the lock."""
+    """Take the next vN and record the attempt there, under the lock, in an order that a kill at any instant leaves
+    recoverable. The snapshot is made in .staging-vN/ and renamed to vN/ whole, pending.json (its row and index line)
+    included; then the row, the index line, and pending.json is removed. A kill before the rename leaves no vN; after
+    it, the next record or a resumed run (``finish_pending``) writes what is missing, so the attempt is recorded
+    exactly once. The index line, once written, is the record a resumed run goes by."""
     with locked(task):
+        _finish_pending(task)
         numbers = [int(m.group(1)) for p in task.versions.iterdir() if (m := VERSION_DIR.match(p.name))]
         version = f"v{max(numbers, default=-1) + 1}"
-        directory = task.versions / version
-        directory.mkdir()
+        directory, staging = task.versions / version, task.versions / f".staging-{version}"
+        staging.mkdir()
         for path in solution_files(candidate):
-            shutil.copy2(path, directory / path.name)
-        (directory / "parent.patch").write_text(unified_patch(parent_dir, candidate, parent_label))
-        (directory / "verdict.json").write_text(json.dumps(verdict, indent=2) + "\n")
-        values = dict(row, version=version, sha256=solution_sha256(directory))
-        line = _append(task, values)
-        with open(task.versions / "index.jsonl", "a") as index:
-            index.write(json.dumps(dict(values, **index_extra), sort_keys=True) + "\n")
-    return Recorded(version, line, directory)
+            shutil.copy2(path, staging / path.name)
+        (staging / "parent.patch").write_text(unified_patch(parent_dir, candidate, parent_label))
+        (staging / "verdict.json").write_text(json.dumps(verdict, indent=2) + "\n")
+        values = dict(row, version=version, sha256=solution_sha256(staging))
+        line, entry = format_row(values), json.loads(json.dumps(dict(values, **index_extra)))
+        (staging / PENDING).write_text(json.dumps({"row": line, "index": entry}) + "\n")
+        staging.rename(directory)
+        pause_at("snapshot")
+        _append_line(task.ledger_path, line)
+        pause_at("row")
+        _append_line(task.versions / "index.jsonl", json.dumps(entry, sort_keys=True))
+        pause_at("index")
+        (directory / PENDING).unlink()
+    return Recorded(version, line, directory, entry)

@@ -13,10 +13,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from agent import ledger
-from agent.config import RunConfig, Task
+from agent.config import PROG, RunConfig, Task
 from agent.display import Display
-from agent.evaluate import Evaluator, correct_cell
-from agent.exceptions import LimitsExceeded, ProposerError, Submitted
+from agent.evaluate import Evaluator, correct_cell, panel_limit
+from agent.exceptions import EndpointUnavailable, LimitsExceeded, ProposerError, Submitted
 from agent.prompts import render
 from agent.proposers import IterationContext, Proposer
 from agent.tools import Tools, profile_text
@@ -49,14 +49,21 @@ class Run:
     def run(self) -> RunState:
         previous = signal.signal(signal.SIGINT, self._on_sigint)
         try:
+            self.recover()
             while True:
                 self.step()
         except LimitsExceeded as exc:
             self.state.status = "finished" if self.state.attempts >= self.config.iters else "stopped"
             self.state.stop_reason = str(exc)
             self.display.line(f"run {self.state.run_id} {self.state.status}: {exc}")
-        except BaseException:
+        except EndpointUnavailable as exc:  # nothing was proposed, so nothing is evaluated: stop, resumable, say why
+            self.state.status, self.state.stop_reason = "stopped", str(exc)
+            self.display.line(f"run {self.state.run_id} stopped: {exc}")
+            raise
+        except BaseException as exc:
             self.state.status = "failed"
+            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            self.state.stop_reason = f"{self.stop_reason}; then {reason}" if self.stop_reason else reason
             raise
         finally:
             signal.signal(signal.SIGINT, previous)
@@ -68,9 +75,16 @@ class Run:
         if self.stop_reason == "interrupted (Ctrl-C)":
             raise KeyboardInterrupt  # a second Ctrl-C aborts at once
         self.stop_reason = "interrupted (Ctrl-C)"
-        self.display.line("Ctrl-C: finishing and recording the current attempt, then stopping (Ctrl-C again aborts)")
+        self.display.notice("Ctrl-C: finishing and recording the current attempt, then stopping (Ctrl-C again aborts)")
+
+    def limit_stages(self, start_selfcheck_s: float) -> None:
+        """The time limit of each stage of an attempt's evaluation follows the panel: a multiple of the start's own
+        selfcheck there. The proposer's tools keep the task's limit (a profile may take longer than a selfcheck)."""
+        self.state.eval_limit_s = panel_limit(self.task, start_selfcheck_s)
 
     def check_limits(self) -> None:
+        if self.display.output_lost and not self.stop_reason:
+            self.stop_reason = "the output's reader has gone (a closed pipe, such as tee or head exiting)"
         if self.stop_reason:
             raise LimitsExceeded(self.stop_reason)
         if self.state.attempts >= self.config.iters:
@@ -110,6 +124,8 @@ class Run:
         except Submitted as submitted:
             summary, hypothesis = submitted.summary, submitted.hypothesis
         except ProposerError as exc:
+            if same_files(self.tools.candidate, self.best_dir):  # nothing proposed: timing the best again says nothing
+                raise EndpointUnavailable(f"the proposer produced no candidate: {exc}") from exc
             summary, hypothesis = f"(no submit: {exc})", ""
         finally:
             self.state.tokens += context.usage.tokens
@@ -119,55 +135,105 @@ class Run:
 
     def attempt(self, iteration: int, summary: str, hypothesis: str, context: IterationContext,
                 propose_s: float) -> None:
+        """Evaluate the candidate, then write in an order that a kill at any instant leaves whole: the record (vN,
+        row, index line; see ledger.record), the commit on the run's branch, the run state. A resumed run finishes a
+        recorded attempt from its index line (``recover``) and makes an unrecorded one again."""
         started = time.monotonic()
         # a directory of its own per evaluation: a killed run's evaluator children may still write to theirs on --resume
         name = f"{iteration:03d}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{os.urandom(3).hex()}"
         evaluator = Evaluator(self.task, self.config.panel, self.config.cuda,
-                              self.workspace.state_dir / "attempts" / name)
+                              self.workspace.state_dir / "attempts" / name, self.state.eval_limit_s)
         verdict = evaluator.evaluate(self.tools.candidate, self.best_dir, self.state.best_is_baseline,
                                      self.config.full_check, self.state.best_score)
-        if verdict["keep"]:
-            decision = f"keep ({verdict['speedup_over_best']:.3f}x best, noise {verdict['noise']:.3f})"
-        elif verdict["valid"] and verdict.get("compare_note", "").startswith("estimated"):
-            decision = (f"revert (~{verdict['speedup_over_best']:.3f}x best from both scores against v0, "
-                        "not timed against it)")
-        elif verdict["valid"]:
-            decision = f"revert ({fmt(verdict['speedup_over_best'])}x best, noise {fmt(verdict['noise'])})"
-        else:
-            failed = next(s for s in verdict["stages"] if not s["ok"]) if verdict["failed_stage"] else None
-            decision = f"revert: {failed['name']} {failed['note'][:80]}" if failed else "revert: no score"
         strata = verdict["strata"] or {}
         text = summary + (f"; hypothesis: {hypothesis}" if hypothesis and hypothesis not in summary else "")
         row = {"time (UTC)": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S"), "run": self.state.run_id,
                "backend/model": self.proposer.label, "parent": self.state.best_label, "summary / hypothesis": text,
                "correct": correct_cell(verdict),
-               "residency": verdict["residency"] or ("not run (slower)" if verdict["correct"] else "-"),
+               # the guard runs only for a candidate about to be kept (or with --full-check)
+               "residency": verdict["residency"] or ("not run (not kept)" if verdict["correct"] else "-"),
                "balanced": fmt(strata.get("balanced")), "expert-batch": fmt(strata.get("expert-batch")),
-               "score": fmt(verdict["score"]), "decision": decision}
+               "score": fmt(verdict["score"]), "decision": decision(verdict)}
         eval_s = time.monotonic() - started
         extra = {"iteration": iteration, "summary": summary, "hypothesis": hypothesis, "keep": verdict["keep"],
                  "prompt_tokens": context.usage.prompt_tokens, "completion_tokens": context.usage.completion_tokens,
                  "tokens": context.usage.tokens, "cost_usd": context.usage.cost_usd, "propose_s": round(propose_s, 2),
-                 "eval_s": round(eval_s, 2), "wall_s": round(propose_s + eval_s, 2), "verdict": verdict}
+                 "eval_s": round(eval_s, 2), "wall_s": round(propose_s + eval_s, 2), "eval_dir": name,
+                 "verdict": verdict}
         recorded = ledger.record(self.task, self.tools.candidate, self.best_dir, self.state.best_label, row, verdict,
                                  extra)
+        ledger.pause_at("recorded")
         self.workspace.commit(recorded.row)
-        if verdict["keep"]:
-            report = evaluator.work_dir / "selfcheck.json"
-            (self.workspace.state_dir / "best_selfcheck.json").write_text(report.read_text())
-            self.state.best_label, self.state.best_score, self.state.best_is_baseline = (
-                recorded.version, verdict["score"], False)
-        else:
+        ledger.pause_at("committed")
+        self.apply(recorded.entry)
+        if not verdict["keep"]:
             replace_solution(self.tools.candidate, self.best_dir)  # the worktree returns to the best
-        self.state.attempts = iteration
-        self.state.wall_s += propose_s + eval_s
-        self.state.last_verdict = {k: verdict[k] for k in ("failed_stage", "note", "correct", "residency", "strata",
-                                                            "score", "speedup_over_best", "noise", "keep")}
-        self.state.last_verdict["version"] = recorded.version
-        self.state.history.append({"version": recorded.version, "decision": decision, "score": verdict["score"]})
         self.state.save(self.workspace.state_dir)
         self.display.line(recorded.row)
-        self.display.done(f"{self.state.best_label} ({fmt(self.state.best_score)})", decision)
+        self.display.done(f"{self.state.best_label} ({fmt(self.state.best_score)})", row["decision"])
+
+    def apply(self, entry: dict) -> None:
+        """Take a recorded attempt (its index line) into the run state: the same for an attempt just made and for one
+        that a killed session recorded but did not apply."""
+        verdict = entry["verdict"]
+        if entry["keep"]:
+            report = self.workspace.state_dir / "attempts" / entry.get("eval_dir", "") / "selfcheck.json"
+            if report.is_file():
+                (self.workspace.state_dir / "best_selfcheck.json").write_text(report.read_text())
+            self.state.best_label, self.state.best_score, self.state.best_is_baseline = (
+                entry["version"], verdict["score"], False)
+        self.state.attempts = entry["iteration"]
+        self.state.wall_s += entry["wall_s"]
+        self.state.last_verdict = {k: verdict.get(k) for k in ("failed_stage", "note", "correct", "residency",
+                                                                "strata", "score", "speedup_over_best", "noise",
+                                                                "keep")}
+        self.state.last_verdict["version"] = entry["version"]
+        self.state.history.append({"version": entry["version"], "decision": entry["decision"],
+                                   "score": verdict["score"]})
+
+    def recover(self) -> None:
+        """Finish what a killed session left half-done, before any new attempt: a record without its row or index line
+        (ledger.finish_pending), then each attempt of this run that is in the index but not yet in the run state: its
+        commit when the branch lacks it, then the state. So a recorded attempt is never made again nor lost."""
+        ledger.finish_pending(self.task)
+        entries = sorted((e for e in ledger.index_entries(self.task)
+                          if e.get("run") == self.state.run_id and e.get("iteration", 0) > self.state.attempts),
+                         key=lambda e: e["iteration"])
+        for entry in entries:
+            if not self.workspace.has_commit(entry["version"]):
+                replace_solution(self.tools.candidate, self.task.versions / entry["version"])
+                self.workspace.commit(ledger.format_row(entry))
+            self.apply(entry)
+            self.state.save(self.workspace.state_dir)
+            self.display.line(f"recovered {entry['version']} (iteration {entry['iteration']}), recorded by a killed "
+                              "session")
+        if entries:
+            replace_solution(self.tools.candidate, self.best_dir)
+
+
+def same_files(candidate: Path, best: Path) -> bool:
+    """Whether the candidate's solution files are the best's, byte for byte."""
+    mine, theirs = ledger.solution_files(candidate), ledger.solution_files(best)
+    return [p.name for p in mine] == [p.name for p in theirs] and all(
+        a.read_bytes() == b.read_bytes() for a, b in zip(mine, theirs))
+
+
+def decision(verdict: dict) -> str:
+    """The ledger's decision cell: keep or revert and why, the reason in full (each stage's whole output is in
+    verdict.json); a decision on Triton interpreter timings says so."""
+    timing = "" if verdict.get("gpu_timing") else "interpreter timing: "
+    if verdict["keep"]:
+        return f"keep ({timing}{verdict['speedup_over_best']:.3f}x best, noise {verdict['noise']:.3f})"
+    if verdict["valid"] and verdict.get("compare_note", "").startswith("estimated"):
+        return (f"revert ({timing}~{verdict['speedup_over_best']:.3f}x best from both scores against v0, "
+                "not timed against it)")
+    if verdict["valid"]:
+        return f"revert ({timing}{fmt(verdict['speedup_over_best'])}x best, noise {fmt(verdict['noise'])})"
+    failed = next((s for s in verdict["stages"] if not s["ok"]), None)
+    if failed is None:
+        return "revert: no score"
+    return "revert: " + (failed["note"] if failed["note"].startswith(failed["name"])
+                         else f"{failed['name']} {failed['note']}")
 
 
 def summary(task: Task, state: RunState) -> str:
@@ -179,7 +245,10 @@ def summary(task: Task, state: RunState) -> str:
         lines.append(f"best: {state.best_label}, score {fmt(state.best_score)} "
                      "(speedup over v0, harmonic mean of strata)")
         lines.append(f"to promote it: make promote V={state.best_label.removeprefix('v')}  "
-                     f"(python -m agent promote {state.best_label})")
+                     f"({PROG} promote {state.best_label})"
+                     + ("" if state.config.get("cuda") else "; chosen on Triton interpreter timings, not GPU "
+                                                            "timings: promote it on a GPU machine, which measures "
+                                                            "it first (here only FORCE=1 promotes it)"))
     lines.append(f"ledger: {task.ledger}; versions: {task.versions_dir}/; "
-                 f"resume: python -m agent run --resume {state.run_id}")
+                 f"resume: {PROG} run --resume {state.run_id}")
     return "\n".join(lines)

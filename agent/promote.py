@@ -1,9 +1,10 @@
-"""Promotion by hand: `python -m agent promote vN [--verify] [--force]` (make promote V=N [VERIFY=1]).
+"""Promotion by hand: `.venv/bin/python -m agent promote vN [--verify] [--force]` (make promote V=N [VERIFY=1]).
 
-Re-runs the gates, the selfcheck and the full residency guard on vN, and with --verify (a GPU) the full verifier on
-the panel too, the timing gates included; refuses with the reason when any fails (unless --force, which the ledger
-records), copies vN's files into methods/main/ and appends a promotion row (first cell `promote vN`). It never
-changes methods/versions/.
+Says what vN's own ledger row decided and where its numbers came from, and asks for --force when they are Triton
+interpreter timings (CPU), which say nothing about speed on a GPU. Re-runs the gates, the selfcheck and the full
+residency guard on vN, and with --verify (a GPU) the full verifier on the panel too, the timing gates included;
+refuses with the reason when any fails (unless --force, which the ledger records), copies vN's files into
+methods/main/ and appends a promotion row (first cell `promote vN`). It never changes methods/versions/.
 """
 from __future__ import annotations
 
@@ -25,6 +26,13 @@ def current_label(task: Task) -> str:
                      "main"))
 
 
+def recorded(task: Task, version: str) -> tuple[str | None, bool | None]:
+    """The decision of ``version``'s own row, and whether its numbers are GPU timings (None where not recorded)."""
+    row = next((r for r in map(ledger.parse_row, ledger.rows(task)) if r.get("version") == version), {})
+    entry = next((e for e in ledger.index_entries(task) if e.get("version") == version), {})
+    return row.get("decision"), (entry.get("verdict") or {}).get("gpu_timing")
+
+
 def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: str | None = None, log=print,
             note: str = "", verify: bool = False) -> int:
     source = task.versions / version
@@ -35,6 +43,17 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
         log("promote: --verify needs a CUDA GPU: the verifier's timing gates do not run under the interpreter "
             "(promote without --verify here, and run make verify on a GPU); nothing promoted")
         return 2
+    decision, gpu_timing = recorded(task, version)
+    origin = {True: "GPU timings", False: "Triton interpreter timings (CPU), not GPU timings",
+              None: "of unrecorded origin"}[gpu_timing]
+    log(f"{version}'s own row: {decision or 'none in ' + task.ledger}; its numbers are {origin}")
+    # on a GPU the checks below measure it there; on CPU nothing would, so only --force promotes it
+    interpreter_only = gpu_timing is False and not cuda
+    if interpreter_only and not force:
+        log(f"promote: refused: {version} was measured only under the interpreter, whose timings say nothing about "
+            f"its speed on a GPU; promote it on a GPU machine (make promote V={version.removeprefix('v')} there, "
+            "which measures it first), or pass --force (FORCE=1), which the ledger records; nothing promoted")
+        return 1
     panel = panel or ("visible" if cuda else "smoke")
     stamp = datetime.now(timezone.utc)
     evaluator = Evaluator(task, panel, cuda,
@@ -73,6 +92,7 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
         return "-" if value is None else f"{value:.3f}"
 
     forced = f" (forced past {verdict['failed_stage']}: {verdict['note'][:120]})" if not verdict["valid"] else ""
+    forced += " (forced past interpreter-only numbers)" if interpreter_only else ""
     # "promote vN", not "vN": the row records no new version, so ledger.rows() (the attempts) never counts it
     row = {"version": f"promote {version}", "time (UTC)": f"{stamp:%Y-%m-%d %H:%M:%S}", "run": "promotion",
            "backend/model": "by hand", "parent": parent,

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from agent import ledger
-from agent.config import Task
+from agent.config import PROG, Task
 from agent.workspace import RunState, Workspace
 
 STYLE = ("body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}"
@@ -33,20 +33,30 @@ class RunData:
     environment: dict
 
 
+CHECKOUT = "checkout.json"  # in the run's state directory: the commit and dirty flag as the run found them
+
+
+def _ask(root: Path, args: list[str]) -> str:
+    try:
+        done = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=120)
+        return done.stdout.strip() if done.returncode == 0 else ""
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def checkout(root: Path) -> dict:
+    """Git commit and dirty flag; a run reads them when it starts, before its own rows change the ledger."""
+    return {"commit": _ask(root, ["git", "rev-parse", "--short", "HEAD"]) or "unknown",
+            "dirty": bool(_ask(root, ["git", "status", "--porcelain", "--untracked-files=no"]))}
+
+
 def environment(root: Path) -> dict:
     """Git commit and dirty flag, GPU, driver, torch and triton, asked of subprocesses (the agent never imports
     torch)."""
-    def ask(args: list[str]) -> str:
-        try:
-            done = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=120)
-            return done.stdout.strip() if done.returncode == 0 else ""
-        except (OSError, subprocess.TimeoutExpired):
-            return ""
-
-    gpu = ask(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]).splitlines()
-    versions = ask([sys.executable, "-c", "import torch, triton; print(torch.__version__, triton.__version__)"]).split()
-    return {"commit": ask(["git", "rev-parse", "--short", "HEAD"]) or "unknown",
-            "dirty": bool(ask(["git", "status", "--porcelain", "--untracked-files=no"])),
+    gpu = _ask(root, ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]).splitlines()
+    versions = _ask(root, [sys.executable, "-c",
+                           "import torch, triton; print(torch.__version__, triton.__version__)"]).split()
+    return {**checkout(root),
             "gpu": gpu[0].split(", ")[0] if gpu else "none (CPU, Triton interpreter)",
             "driver": gpu[0].split(", ")[1] if gpu and ", " in gpu[0] else "-",
             "torch": versions[0] if versions else "?", "triton": versions[1] if len(versions) > 1 else "?"}
@@ -59,7 +69,9 @@ def collect(task: Task, run_id: str) -> RunData:
     rows = [r for r in ledger.rows(task) if ledger.parse_row(r).get("run") == run_id]
     start_path = state_dir / "start_selfcheck.json"
     start = json.loads(start_path.read_text()) if start_path.is_file() else None
-    return RunData(state, entries, rows, start, environment(task.root))
+    found = state_dir / CHECKOUT  # runs before it was recorded fall back to the checkout as it is now
+    at_start = json.loads(found.read_text()) if found.is_file() else {}
+    return RunData(state, entries, rows, start, environment(task.root) | at_start)
 
 
 def _cases(report_or_verdict: dict | None) -> dict[str, dict]:
@@ -151,9 +163,12 @@ def sections(task: Task, data: RunData) -> list[tuple[str, object]]:
               ["tokens / cost", f"{s.tokens} / ${s.cost_usd:.4f}"], ["wall time", f"{s.wall_s / 60:.1f} min"],
               ["timing", "CUDA events on the GPU" if s.config.get("cuda")
                          else "Triton interpreter wall times on CPU: not GPU timings"]]
-    promote = (f"`make promote V={best.removeprefix('v')}` (or `python -m agent promote {best}`)"
+    promote = (f"`make promote V={best.removeprefix('v')}` (or `{PROG} promote {best}`)"
                if best.startswith("v") and best != s.start_label
                else f"nothing to promote: no attempt beat the start ({s.start_label})")
+    if best.startswith("v") and best != s.start_label and not s.config.get("cuda"):
+        promote += (" (chosen on Triton interpreter timings on CPU, not GPU timings: a kernel slow on a GPU can win "
+                    "here; promote it on a GPU machine, which measures it first, or here with FORCE=1)")
     counts = {kind: sum(_kind(e) == kind for e in data.entries) for kind in ("kept", "reverted", "failed")}
     return [
         ("Run", [["field", "value"]] + header),

@@ -24,6 +24,7 @@ def python_env(root: Path, cuda: bool) -> dict[str, str]:
     if not cuda:
         env["TRITON_INTERPRET"] = "1"
     env.pop("KLOOP_SCRIPT", None)
+    env.pop("KLOOP_PAUSE_AT", None)  # the agent's test-only pause hook: nothing of the evaluator's business
     return env
 
 

@@ -10,6 +10,7 @@ import fcntl
 import json
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -17,8 +18,13 @@ from pathlib import Path
 
 import git
 
-from agent.ledger import solution_files
+from agent.ledger import pause_at, solution_files
 
+OWN_GIT_S = 60.0
+"""The longest one git command of ours runs: an index.lock written later than this after our marker is not ours."""
+STALE_LOCK_S = 10.0
+"""How long a lock of a dead session of ours must stay untouched before it is removed: a git child can outlive its
+killed parent for a moment, and finishes well within this."""
 IDENTITY = {"GIT_AUTHOR_NAME": "kloop", "GIT_AUTHOR_EMAIL": "kloop@localhost",
             "GIT_COMMITTER_NAME": "kloop", "GIT_COMMITTER_EMAIL": "kloop@localhost"}
 
@@ -68,12 +74,59 @@ class Workspace:
         replace_solution(self.candidate, start)
         self.commit(f"start run {self.run_id} from {start.relative_to(self.root)}")
 
-    def commit(self, message: str) -> str:
+    @property
+    def git_marker(self) -> Path:
+        """Holds our pid while a git command of this run may be running in the worktree: an index.lock left with it,
+        and that pid gone, is ours to remove."""
+        return self.state_dir / "git.pid"
+
+    @contextlib.contextmanager
+    def _git(self) -> Iterator[git.Repo]:
         repo = git.Repo(self.path)
-        repo.git.add("-A", "--", self.candidate_rel)
-        with repo.git.custom_environment(**{k: v for k, v in IDENTITY.items() if k not in os.environ}):
-            repo.git.commit("--allow-empty", "--no-verify", "-m", message)
-        return repo.head.commit.hexsha
+        self._clear_stale_lock(Path(repo.git_dir) / "index.lock")
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.git_marker.write_text(f"{os.getpid()}\n")
+        try:
+            yield repo
+        finally:  # git has exited (GitPython waits for it): no lock of ours is held any more
+            self.git_marker.unlink(missing_ok=True)
+
+    def _clear_stale_lock(self, lock: Path) -> None:
+        """Remove an index.lock that a git command of a killed session of this run left behind: our marker names a
+        process that is gone and the lock was written while that command ran. Any other lock is refused, never
+        removed: it may be held by a live git process."""
+        if not lock.exists():
+            return
+        owner = self.git_marker.read_text().strip() if self.git_marker.is_file() else ""
+        written = lock.stat().st_mtime
+        if (not owner.isdigit() or int(owner) == os.getpid() or pid_alive(int(owner))
+                or not self.git_marker.stat().st_mtime - 1 <= written <= self.git_marker.stat().st_mtime + OWN_GIT_S):
+            raise RuntimeError(f"{lock} exists and was not left by a killed session of run {self.run_id}: another "
+                               f"git process may hold it. Remove it once no git command runs in {self.path}, then "
+                               f"resume.")
+        before = lock.stat()
+        time.sleep(max(0.0, written + STALE_LOCK_S - time.time()))
+        after = lock.stat() if lock.exists() else None
+        if after is not None and (after.st_ino, after.st_mtime_ns) != (before.st_ino, before.st_mtime_ns):
+            raise RuntimeError(f"{lock} changed while it was judged stale: a git process holds it; resume later")
+        lock.unlink(missing_ok=True)
+
+    def commit(self, message: str) -> str:
+        with self._git() as repo:
+            repo.git.add("-A", "--", self.candidate_rel)
+            pause_at("commit")
+            with repo.git.custom_environment(**{k: v for k, v in IDENTITY.items() if k not in os.environ}):
+                repo.git.commit("--allow-empty", "--no-verify", "-m", message)
+            return repo.head.commit.hexsha
+
+    def has_commit(self, version: str) -> bool:
+        """Whether the run's branch holds the commit of ``version`` (its message is the version's ledger row)."""
+        for subject in git.Repo(self.path).git.log("--format=%s", self.branch).splitlines():
+            if subject.startswith(f"| {version} |"):
+                return True
+            if subject.startswith(f"start run {self.run_id} "):
+                return False
+        return False
 
     def remove(self) -> None:
         with workspace_lock(self.root):
@@ -100,6 +153,7 @@ class RunState:
     history: list[dict] = field(default_factory=list)
     last_verdict: dict | None = None
     stop_reason: str = ""  # why the last session stopped (limits, the search exhausted, Ctrl-C)
+    eval_limit_s: float | None = None  # each evaluator stage's time limit on the panel (None: the task's)
 
     def save(self, state_dir: Path) -> None:
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -111,7 +165,7 @@ class RunState:
     def load(cls, state_dir: Path) -> "RunState":
         path = state_dir / "state.json"
         if not path.is_file():
-            raise FileNotFoundError(f"no run state at {path}; `python -m agent status` lists the runs")
+            raise FileNotFoundError(f"no run state at {path}; `.venv/bin/python -m agent status` lists the runs")
         return cls(**json.loads(path.read_text()))
 
 

@@ -1,6 +1,6 @@
 """Benchmark: v0, main and the peers on the visible panel against the floors measured in the same process.
 
-    python -m evals.bench [--panel visible|FILE] [--solutions methods/versions/v0 methods/main] [--json OUT]
+    .venv/bin/python -m evals.bench [--panel visible|FILE] [--solutions methods/versions/v0 methods/main] [--json OUT]
 
 Per case: the HBM roofline (the case's bytes at the measured copy bandwidth), the GPU floor (4 us of fixed kernel
 cost + that roofline) and two host floors (torch.empty + one launch through Triton's JIT dispatch; the same through
@@ -224,14 +224,15 @@ def format_case(entry: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m evals.bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--panel", default="visible", help="visible or a panel JSON file (default visible)")
+    parser = argparse.ArgumentParser(prog=".venv/bin/python -m evals.bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--panel", help="visible, smoke or a panel JSON file (default: visible with CUDA, else "
+                                        "smoke); bench needs CUDA")
     parser.add_argument("--solutions", nargs="+", default=["methods/versions/v0", "methods/main"],
                         help="our solutions to time")
     parser.add_argument("--json", help="write the full report here")
     args = parser.parse_args(argv)
     try:
-        report = run(args.panel, [resolve_solution_dir(s) for s in args.solutions],
+        report = run(args.panel or kh.default_panel(), [resolve_solution_dir(s) for s in args.solutions],
                      log=lambda line: print(line, flush=True))
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         print(f"bench: {exc}", file=sys.stderr)

@@ -101,10 +101,19 @@ def load_panel(panel: str | os.PathLike) -> list[Case]:
     try:
         data = json.loads(path.read_text())
         rows = data["cases"] if isinstance(data, dict) else data
-        return [Case(**row) for row in rows]
+        cases = [Case(**row) for row in rows]
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise ValueError(f"{path}: a panel is JSON {{\"cases\": [{{stratum, m, k, n, epilogue, seed}}, ...]}} "
                          f"({type(exc).__name__}: {exc})") from None
+    if not cases:
+        raise ValueError(f"{path}: the panel has no cases; give at least one {{stratum, m, k, n, epilogue, seed}}")
+    return cases
+
+
+def default_panel() -> str:
+    """The panel a module runs without --panel, as make chooses: visible on CUDA, else smoke (the visible shapes take
+    hours under the Triton interpreter)."""
+    return "visible" if torch.cuda.is_available() else "smoke"
 
 
 def case_dict(case: Case) -> dict:

@@ -53,7 +53,7 @@ def load_solution(path: str | Path, enforce_policy: bool = True) -> ModuleType:
         if found:
             raise PolicyViolation(f"the source policy rejects {directory.name}: " + "; ".join(found[:5])
                                   + (f"; and {len(found) - 5} more" if len(found) > 5 else "")
-                                  + " (python -m evals.policy shows why)")
+                                  + " (.venv/bin/python -m evals.policy shows why)")
     compiled = compiled_files(directory)
     if compiled:
         raise ImportError(f"{directory} holds compiled modules ({', '.join(p.name for p in compiled[:3])}); "

@@ -5,7 +5,7 @@ files, sockets, processes, threads, stream changes, timers, hidden allocations o
 are resolved through imports and simple assignments; whatever a scan cannot follow (computed names, eval,
 introspection) is itself denied, so that everything an accepted file reaches is visible in its source.
 
-Usage: python -m evals.policy FILE_OR_DIR... [--json OUT]
+Usage: .venv/bin/python -m evals.policy FILE_OR_DIR... [--json OUT]
 """
 from __future__ import annotations
 
@@ -394,7 +394,7 @@ def check_files(paths: list[Path]) -> dict[str, list[Violation]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m evals.policy", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=".venv/bin/python -m evals.policy", description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", type=Path, help="solution .py files or directories that hold them")
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write {clean, files} as JSON to OUT")
     args = parser.parse_args(argv)

@@ -1,6 +1,6 @@
 """Profiler feedback for a solution: where each case stands against the GPU's measured ceilings, and why.
 
-    python -m evals.profile --solution DIR [--panel visible|smoke|FILE] [--ncu] [--json OUT]
+    .venv/bin/python -m evals.profile --solution DIR [--panel visible|smoke|FILE] [--ncu] [--json OUT]
 
 Per case: median latency; the bytes the case must move and the achieved GB/s as a fraction of the measured copy
 bandwidth; FLOP and the fraction of the measured fp16 matmul rate; host time per call against GPU time per call
@@ -256,9 +256,9 @@ def format_row(p: CaseProfile) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m evals.profile", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=".venv/bin/python -m evals.profile", description=__doc__.split("\n")[0])
     parser.add_argument("--solution", default="methods/main", help="solution directory (default methods/main)")
-    parser.add_argument("--panel", default="visible", help="visible, smoke or a panel JSON file (default visible)")
+    parser.add_argument("--panel", help="visible, smoke or a panel JSON file (default: visible with CUDA, else smoke)")
     parser.add_argument("--ncu", action="store_true", help="add Nsight Compute's DRAM throughput and occupancy (slow)")
     parser.add_argument("--json", help="write the full report here")
     parser.add_argument("--ncu-target", help=argparse.SUPPRESS)
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.ncu_target:
             ncu_target(solution, args.ncu_target)
             return 0
-        report = run(solution, args.panel, args.ncu, log=lambda line: print(line, flush=True))
+        report = run(solution, args.panel or kh.default_panel(), args.ncu, log=lambda line: print(line, flush=True))
     except (FileNotFoundError, ValueError, kh.SetupError) as exc:
         print(f"profile: {exc}", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """The residency guard: what a solution keeps alive, checked at SPEC.md's three checkpoints.
 
-    python -m evals.residency --solution DIR [--panel visible|smoke|FILE] [--calls N] [--json OUT]
+    .venv/bin/python -m evals.residency --solution DIR [--panel visible|smoke|FILE] [--calls N] [--json OUT]
 
 For a case (M, K, N), measured after synchronize, ``gc.collect()`` and ``torch.cuda.empty_cache()`` as growth over
 the guard's own tensors, after build, after the first call and after the whole call schedule:
@@ -253,9 +253,9 @@ def format_case(result: CaseResidency) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m evals.residency", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=".venv/bin/python -m evals.residency", description=__doc__.split("\n")[0])
     parser.add_argument("--solution", required=True, help="solution directory, e.g. methods/main")
-    parser.add_argument("--panel", default="visible", help="visible, smoke or a panel JSON file (default visible)")
+    parser.add_argument("--panel", help="visible, smoke or a panel JSON file (default: visible with CUDA, else smoke)")
     parser.add_argument("--calls", type=int, help=f"calls before the last checkpoint (default {CALLS_CUDA} on CUDA, "
                                                   f"{CALLS_INTERPRETED} under the interpreter)")
     parser.add_argument("--json", help="write the full report here")
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--calls must be at least 1")
     try:
         solution = resolve_solution_dir(args.solution)
-        report = run(solution, args.panel, args.calls, log=lambda line: print(line, flush=True))
+        report = run(solution, args.panel or kh.default_panel(), args.calls, log=lambda line: print(line, flush=True))
     except (FileNotFoundError, ValueError, kh.SetupError) as exc:
         print(f"residency: {exc}", file=sys.stderr)
         return 2

@@ -1,6 +1,7 @@
 """The visible evaluator: correctness (normal and adversarial), median latency, GB/s and speedup over v0.
 
-    python -m evals.selfcheck [--solution DIR] [--panel visible|smoke|FILE] [--baseline DIR] [--json OUT]
+    .venv/bin/python -m evals.selfcheck [--solution DIR] [--panel visible|smoke|FILE] [--baseline DIR] [--json OUT]
+    .venv/bin/python -m evals.selfcheck --list-cases [--panel visible|smoke|FILE]
 
 Never raises for a bad candidate: a failure at any stage becomes the case's ``error`` field (stage, name, message).
 Exit status 0 only when every case is correct. Without CUDA it runs CPU tensors under the Triton interpreter and
@@ -155,6 +156,7 @@ def run(solution: Path, panel: str, baseline_dir: Path = V0_DIR, log=print,
         module = load_solution(solution, enforce_policy=enforce_policy)
     except CANDIDATE_ERRORS as exc:
         failure = error_record("load", exc)
+        log(f"{solution} did not load, so no case ran: {failure['name']}: {failure['message']}")
         results = [CaseResult(case=kh.case_dict(case), bytes=case.bytes_moved(), error=failure) for case in cases]
     else:
         results = []
@@ -202,16 +204,23 @@ def print_summary(report: dict) -> None:
 
 
 def main(argv: list[str] | None = None, enforce_policy: bool = True) -> int:
-    parser = argparse.ArgumentParser(prog="python -m evals.selfcheck", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=".venv/bin/python -m evals.selfcheck", description=__doc__.split("\n")[0])
     parser.add_argument("--solution", default=str(ROOT / "methods" / "main"),
                         help="solution directory (default methods/main)")
-    parser.add_argument("--panel", default="visible", help="visible, smoke or a panel JSON file (default visible)")
+    parser.add_argument("--panel", help="visible, smoke or a panel JSON file (default: visible with CUDA, else smoke)")
+    parser.add_argument("--list-cases", action="store_true",
+                        help="print the panel's cases and exit (exit 2 when it is not a panel)")
     parser.add_argument("--baseline", default=str(V0_DIR), help="the yardstick solution (default methods/versions/v0)")
     parser.add_argument("--json", help="write the full report here")
     args = parser.parse_args(argv)
+    panel = args.panel or kh.default_panel()
     try:
+        if args.list_cases:
+            for case in kh.load_panel(panel):
+                print(f"{case.name} {case.stratum} seed {case.seed}")
+            return 0
         resolve_solution_dir(args.solution)
-        report = run(Path(args.solution), args.panel, Path(args.baseline), log=lambda line: print(line, flush=True),
+        report = run(Path(args.solution), panel, Path(args.baseline), log=lambda line: print(line, flush=True),
                      enforce_policy=enforce_policy)
     except (FileNotFoundError, ValueError, kh.SetupError) as exc:  # the user's paths or machine, not the candidate
         print(f"selfcheck: {exc}", file=sys.stderr)

@@ -1,6 +1,6 @@
 """Sweep a solution's tuning overrides over a panel on the GPU: correctness, eager latency, graph GPU time per plan.
 
-    python -m evals.sweep --solution methods/drafts/w4a16 --grid grid.json [--panel visible] [--jobs 12]
+    .venv/bin/python -m evals.sweep --solution methods/drafts/w4a16 --grid grid.json [--panel visible] [--jobs 12]
                           [--pin] [--inputs N] [--keep] [--json OUT]
 
 The grid is a JSON list of override dicts, each passed as ``build(..., config=overrides)`` on top of the plan the
@@ -142,10 +142,10 @@ def table(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m evals.sweep", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=".venv/bin/python -m evals.sweep", description=__doc__.splitlines()[0])
     parser.add_argument("--solution", required=True, help="a solution directory (or its solution.py)")
     parser.add_argument("--grid", required=True, help="JSON file: a list of override dicts ({} is the own plan)")
-    parser.add_argument("--panel", default="visible", help="visible, smoke or a panel file (default visible)")
+    parser.add_argument("--panel", help="visible, smoke or a panel JSON file (default: visible with CUDA, else smoke)")
     parser.add_argument("--jobs", type=int, default=8, help="processes that build and check in parallel (default 8)")
     parser.add_argument("--pin", action="store_true", help="time on one core, as the verifier's roles do")
     parser.add_argument("--inputs", type=int, default=16,
@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         solution = str(resolve_solution_dir(args.solution))
-        result = run(solution, grid, args.panel, args.jobs, pin=args.pin, inputs=args.inputs, keep=args.keep)
+        result = run(solution, grid, args.panel or kh.default_panel(), args.jobs, pin=args.pin, inputs=args.inputs,
+                     keep=args.keep)
     except (FileNotFoundError, RuntimeError, ValueError) as exc:
         print(f"sweep: {exc}", file=sys.stderr)
         return 2

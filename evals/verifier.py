@@ -1,7 +1,8 @@
 """The sealed judge of SPEC.md: every hard gate, then three timed roles per case, then the score.
 
-    python -m evals.verifier --solution DIR --panel FILE [--baseline DIR] [--json OUT] [--gates-only [--jobs N]]
-    python -m evals.verifier make-panel --seed S [--out FILE] [--per-stratum 5]
+    .venv/bin/python -m evals.verifier --solution DIR --panel FILE [--baseline DIR] [--json OUT]
+                                       [--gates-only [--jobs N]]
+    .venv/bin/python -m evals.verifier make-panel --seed S [--out FILE] [--per-stratum 5]
 
 ``--json OUT`` is rewritten after each case while the run goes on (``partial``: true, never valid), so a run stopped
 early still leaves the cases it judged; the last write is the full report.
@@ -93,7 +94,7 @@ def run_role_process(solution: Path, case: kh.Case, schedule: str, timing: bool,
 
 
 def role_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m evals.verifier role")
+    parser = argparse.ArgumentParser(prog=".venv/bin/python -m evals.verifier role")
     parser.add_argument("--solution", required=True)
     parser.add_argument("--case", required=True, help="the case as JSON")
     parser.add_argument("--schedule", default="spec")
@@ -322,7 +323,7 @@ def make_panel(seed: int, per_stratum: int = PER_STRATUM) -> dict:
 
 
 def make_panel_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m evals.verifier make-panel",
+    parser = argparse.ArgumentParser(prog=".venv/bin/python -m evals.verifier make-panel",
                                      description=make_panel.__doc__.split("\n")[0])
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--out", type=Path, help=f"default {PANEL_HOME}/sealed-<seed>.json (outside the repository)")
@@ -348,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         return role_main(argv[1:])
     if argv[:1] == ["make-panel"]:
         return make_panel_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m evals.verifier", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=".venv/bin/python -m evals.verifier", description=__doc__.split("\n")[0])
     parser.add_argument("--solution", required=True, help="solution directory, e.g. methods/main")
     parser.add_argument("--panel", required=True, help="a panel JSON file (or visible, smoke)")
     parser.add_argument("--baseline", default=str(V0_DIR), help="the yardstick (default methods/versions/v0)")

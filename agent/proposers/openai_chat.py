@@ -1,20 +1,24 @@
 """The LLM proposer: chat completions with function calling against any OpenAI-compatible endpoint.
 
-Retries with exponential backoff on 429, 5xx, timeouts, connection errors and responses the SDK passes through
-unchecked (no choices, a body that is not a completion); a malformed or unknown tool call is answered with the
-format-error prompt and the conversation goes on; the conversation is trimmed to a context budget.
+One request before the first attempt (``probe``) finds an endpoint that nobody answers at, so that the run is refused
+before anything is written. Retries with exponential backoff on 429, 5xx, timeouts, connection errors and responses
+the SDK passes through unchecked (no choices, a body that is not a completion), one line on stderr per retry; when
+they run out the run stops (EndpointUnavailable) rather than evaluating a candidate nobody proposed; a malformed or
+unknown tool call is answered with the format-error prompt and the conversation goes on; the conversation is
+trimmed to a context budget.
 """
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 
 import openai
 from openai.types.chat import ChatCompletion
 
-from agent.exceptions import FormatError, ProposerError
+from agent.exceptions import EndpointUnavailable, FormatError, ProposerError
 from agent.prompts import render
 from agent.proposers import IterationContext
 from agent.tools import SPECS, Tools, openai_tools
@@ -81,6 +85,25 @@ class OpenAIProposer:
                                 base_url=os.environ.get("OPENAI_BASE_URL") or None,
                                 api_key=os.environ.get("OPENAI_API_KEY") or "none"))
 
+    @property
+    def where(self) -> str:
+        return self.config.base_url or "https://api.openai.com/v1 (OPENAI_BASE_URL is not set)"
+
+    def probe(self) -> None:
+        """One request, no retries, before anything is written: raises EndpointUnavailable when nothing answers or
+        the key is refused. A server that answers at all passes, whether or not it lists its models."""
+        try:
+            self.client.with_options(timeout=min(30.0, self.config.request_timeout_s)).models.list()
+        except openai.APIConnectionError as exc:  # refused, unresolvable, timed out
+            raise EndpointUnavailable(f"no OpenAI-compatible endpoint answers at {self.where} ({exc}): start the "
+                                      "server, set OPENAI_BASE_URL to where it listens, or use --backend offline"
+                                      ) from None
+        except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
+            raise EndpointUnavailable(f"the endpoint at {self.where} refused the key ({exc.status_code}): set "
+                                      "OPENAI_API_KEY, or use --backend offline") from None
+        except (openai.APIError, ValueError):
+            pass
+
     def iterate(self, context: IterationContext, tools: Tools) -> None:
         messages: list[dict] = [{"role": "system", "content": context.prompts["system"]},
                                 {"role": "user",
@@ -129,10 +152,14 @@ class OpenAIProposer:
                     raise ProposerError(f"the endpoint refused the request: {exc}") from exc
                 error = exc
             if attempt < self.config.retries:
+                print(f"endpoint {self.where}: {type(error).__name__}: {str(error)[:160]}; retrying in "
+                      f"{min(delay, 60.0):.1f} s ({attempt + 1} of {self.config.retries})", file=sys.stderr,
+                      flush=True)
                 time.sleep(min(delay, 60.0))
                 delay *= 2
         else:
-            raise ProposerError(f"the endpoint failed {self.config.retries + 1} times; last error: {error}")
+            raise EndpointUnavailable(f"the endpoint at {self.where} failed {self.config.retries + 1} times in a row; "
+                                      f"last error: {error}; resume once it answers")
         if response.usage:
             prompt_price, completion_price = self.prices
             context.usage.prompt_tokens += response.usage.prompt_tokens or 0

@@ -2,7 +2,8 @@
 
 The script is a JSON list of ``{"tool": name, "args": {...}}``; each ``submit`` ends an iteration. An entry
 ``{"raw": ...}`` is passed to the dispatcher as given, so a malformed call can be scripted too. The script may also be
-``{"label": name, "calls": [...]}``: the label is the ledger's backend column (``hand`` for `python -m agent submit`).
+``{"label": name, "calls": [...]}``: the label is the ledger's backend column (``hand`` for
+`.venv/bin/python -m agent submit`).
 """
 from __future__ import annotations
 

@@ -20,6 +20,11 @@ ONE_CASE = {"cases": [{"stratum": "balanced", "m": 19, "k": 256, "n": 256, "epil
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
+    return make_project(tmp_path)
+
+
+def make_project(tmp_path: Path) -> Path:
+    """``tmp_path``/kloop: the project's copy, committed, v0 its only version; ``tmp_path``/panel.json: one case."""
     copy = tmp_path / "kloop"
     copy.mkdir()
     for name in COPIED:
@@ -53,6 +58,7 @@ def panel(project: Path) -> Path:
 def agent_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "KLOOP_"))}
     env.pop("PYTHONPATH", None)
+    env.pop("PYTHONUNBUFFERED", None)  # buffered, as a user's shell runs it: a closed pipe shows at the flush
     return env | extra
 
 

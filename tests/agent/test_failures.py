@@ -51,6 +51,9 @@ def test_raising_and_hanging_and_forbidden_candidates_are_recorded(project: Path
     # the ledger tells a candidate that raised from one that computed a wrong result
     raised = next(row for row in rows if "| raises" in row)
     assert " | error | " in raised and " | no | " not in raised
+    # the row says that a time limit killed the attempt, and the whole reason
+    assert "timed out after 12 s, the task's limit" in next(row for row in rows if "| hangs" in row)
+    assert "candidate broke on purpose" in raised
     (state,) = runs(project)
     assert state["status"] == "finished" and state["attempts"] == 4
 

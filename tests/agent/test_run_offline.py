@@ -27,7 +27,7 @@ def test_offline_run_records_versions_rows_and_commits(project: Path, panel: Pat
         cells = [c.strip() for c in row.strip("|").split(" | ")]
         assert len(cells) == 13 and cells[3] == "offline" and cells[6] == "yes"
         # the residency guard and the gates run for a candidate that would be kept; a slower one is reverted first
-        assert cells[7] == ("ok" if cells[11].startswith("keep") else "not run (slower)")
+        assert cells[7] == ("ok" if cells[11].startswith("keep") else "not run (not kept)")
         assert "->" in cells[5] and "hypothesis:" in cells[5]
         assert cells[11].startswith(("keep", "revert"))
         version = project / "methods" / "versions" / f"v{number}"

@@ -350,7 +350,7 @@ def test_offline_search_never_combines_a_move_that_failed_on_its_own(tools):  # 
         if " + " in submitted.summary:
             break
         row = {"version": "v9", "sha256": _sha(proposal), "correct": "yes",
-               "residency": "not run (slower)", "summary / hypothesis": f"{submitted.summary}; hypothesis: h"}
+               "residency": "not run (not kept)", "summary / hypothesis": f"{submitted.summary}; hypothesis: h"}
         if failed is None and submitted.summary.startswith("num_stages"):
             failed = submitted.summary  # as if it did not compile (OutOfResources)
             row |= {"correct": "no", "residency": "-"}
@@ -375,3 +375,31 @@ def test_the_correct_cell_tells_a_raise_from_a_wrong_result():
     assert correct_cell({"correct": False, "raised": False}) == "no"
     assert correct_cell({"correct": False, "raised": True}) == "error"  # e.g. OutOfResources: it never computed
     assert correct_cell({"correct": None, "raised": False}) == "-"
+
+
+def test_the_decision_keeps_the_whole_reason_and_names_interpreter_timings():
+    from agent.loop import decision
+
+    oom = ("incorrect: 18x8192x8192-silu: correctness (normal): OutOfResources: out of resource: shared memory, "
+           "Required: 2621440, Hardware limit: 232448. Reducing block sizes or `num_stages` may help.")
+    failed = {"keep": False, "valid": False, "gpu_timing": False,
+              "stages": [{"name": "policy", "ok": True, "note": "ok"}, {"name": "selfcheck", "ok": False, "note": oom}]}
+    assert decision(failed) == "revert: selfcheck " + oom  # the whole reason, its memory part included
+    policy = dict(failed, stages=[{"name": "policy", "ok": False, "note": "policy violations: solution.py:3 [syntax] "
+                                                                         "invalid syntax (line 3, col 8)"}])
+    assert decision(policy) == "revert: policy violations: solution.py:3 [syntax] invalid syntax (line 3, col 8)"
+    timed = {"keep": True, "valid": True, "speedup_over_best": 1.78, "noise": 0.01}
+    assert decision(dict(timed, gpu_timing=False)) == "keep (interpreter timing: 1.780x best, noise 0.010)"
+    assert decision(dict(timed, gpu_timing=True)) == "keep (1.780x best, noise 0.010)"
+    slower = {"keep": False, "valid": True, "speedup_over_best": 0.9, "noise": 0.01, "gpu_timing": False}
+    assert decision(slower).startswith("revert (interpreter timing: 0.900x best")
+
+
+def test_the_evaluation_limit_follows_the_panel_within_the_floor_and_the_tasks_limit(project: Path):
+    from agent.evaluate import LIMIT_FLOOR_S, LIMIT_PER_START, panel_limit
+
+    task = Task(root=project, eval_timeout_s=900)
+    assert panel_limit(task, 1.0) == LIMIT_FLOOR_S
+    assert panel_limit(task, 20.0) == 20.0 * LIMIT_PER_START < 900
+    assert panel_limit(task, 600.0) == 900
+    assert panel_limit(Task(root=project, eval_timeout_s=12), 20.0) == 12  # KLOOP_EVAL_TIMEOUT stays a cap
