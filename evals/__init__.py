@@ -8,7 +8,7 @@ def _missing_dependency(kind, value, traceback, previous=sys.excepthook):
     """A python without the evaluator's packages (outside the venv): one line that names make setup, no traceback."""
     if isinstance(value, ModuleNotFoundError) and (value.name or "").split(".")[0] in SETUP_MODULES:
         print(f"evals: {sys.executable} has no module {value.name!r}: run `make setup`, then use "
-              "`.venv/bin/python -m evals....` (or the make targets)", file=sys.stderr)
+              "`.venv/bin/python -m evals.<module>` (or the make targets)", file=sys.stderr)
     else:
         previous(kind, value, traceback)
 
