@@ -12,8 +12,9 @@ SEED ?= 1
 PANEL ?= $(if $(shell nvidia-smi -L 2>/dev/null),visible,smoke)
 JSON ?=
 GRID ?= evals/sweep_grid.json
+REPEATS ?= 3
 
-.PHONY: help setup test test-gpu sweep selfcheck guard policy profile bench agent-run agent-status clean-workspace report promote verify gates sealed-panel
+.PHONY: help setup test test-gpu sweep selfcheck guard policy profile bench qualify agent-run agent-status clean-workspace report promote verify gates sealed-panel
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -60,8 +61,11 @@ profile: ## roofline and profiler summary per case: SOLUTION=methods/main PANEL=
 sweep: ## tuning overrides of a solution on the GPU, checked then timed in child processes: SOLUTION= [GRID=evals/sweep_grid.json] [JSON=]
 	$(PY) -m evals.sweep --solution $(SOLUTION) --grid $(GRID) --panel $(PANEL) $(if $(JSON),--json $(JSON))
 
-bench: ## v0, main and the peers against the host and GPU floors (needs CUDA) [JSON=]
-	$(PY) -m evals.bench --panel $(PANEL) $(if $(JSON),--json $(JSON))
+bench: ## v0, main and the peers against the host and GPU floors, host us/call (needs CUDA) [NO_PEERS=1] [JSON=]
+	$(PY) -m evals.bench --panel $(PANEL) $(if $(NO_PEERS),--no-peers) $(if $(JSON),--json $(JSON))
+
+qualify: ## host cost, GPU time and the verifier's timed vectors per plan (needs CUDA): SOLUTION= [PANEL=] [QGRID=FILE] [REPEATS=3] [JSON=]
+	$(PY) -m evals.qualify --solution $(SOLUTION) --panel $(PANEL) $(if $(QGRID),--grid $(QGRID)) --repeats $(REPEATS) $(if $(JSON),--json $(JSON))
 
 agent-run: ## the optimization loop: ITER=20 [BACKEND=auto|offline|openai] [MODEL=] [PANEL=visible|smoke|FILE] [FROM=main|vN] [TIME=MIN] [RESUME=RUN_ID]
 	$(PY) -m agent run --iters $(ITER) $(if $(RESUME),--resume $(RESUME),$(if $(BACKEND),--backend $(BACKEND)) $(if $(MODEL),--model $(MODEL)) --panel $(PANEL) $(if $(FROM),--from $(FROM)) $(if $(TIME),--time-limit $(TIME)))

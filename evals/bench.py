@@ -1,13 +1,15 @@
 """Benchmark: v0, main and the peers on the visible panel against the floors measured in the same process.
 
-    .venv/bin/python -m evals.bench [--panel visible|FILE] [--solutions methods/versions/v0 methods/main] [--json OUT]
+    .venv/bin/python -m evals.bench [--panel visible|FILE] [--solutions methods/versions/v0 methods/main] [--no-peers]
+                                    [--json OUT]
 
 Per case: the HBM roofline (the case's bytes at the measured copy bandwidth), the GPU floor (4 us of fixed kernel
 cost + that roofline) and two host floors (torch.empty + one launch through Triton's JIT dispatch; the same through
 the already-compiled kernel's launcher). Then per implementation: eager latency under the verifier's protocol
 (8,192 untimed calls, 11 groups of 512 timed with CUDA events; the peers, which are slow, get 512 untimed calls and
 11 groups of 64), GPU time by CUDA-graph replay with the L2 hot and with the L2 flushed before every replay (seed
-002's dual qualification), and correctness on normal inputs. Peers: torch dequantize + addmm (allowed), a dense fp16
+002's dual qualification), the host cost per call with the GPU kept busy (``host_us``, evals/stability.py: eager time
+near it means host-bound), and correctness on normal inputs. Peers: torch dequantize + addmm (allowed), a dense fp16
 torch reference (NOT allowed by the residency contract: it keeps the dequantized weight), torch._weight_int4pack_mm
 (tinygemm; bf16 activations, so labelled) and gemlite when installed. Needs CUDA.
 """
@@ -24,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from evals import kernel_harness as kh
+from evals import stability
 from evals.loader import load_solution, resolve_solution_dir
 from evals.selfcheck import error_line
 
@@ -44,6 +47,8 @@ class Row:
     graph_hot_us: float | None = None
     graph_flushed_us: float | None = None
     flushed_copy_fraction: float | None = None
+    host_us: float | None = None  # host cost per call with the GPU kept busy (evals/stability.py)
+    gpu_us: float | None = None  # the same pass's back-to-back GPU time per call
     error: str | None = None
 
 
@@ -171,12 +176,14 @@ def bench_impl(name: str, note: str, build, case: kh.Case, weights, inputs, copy
         row.graph_hot_us = graph_us(fn, *inputs[0], None)
         row.graph_flushed_us = graph_us(fn, *inputs[0], flush)
         row.flushed_copy_fraction = case.bytes_moved() / row.graph_flushed_us / 1e3 / copy_gbps
+        found = stability.probe(fn, inputs, weights.x.device)
+        row.host_us, row.gpu_us = found["host_us"], found["gpu_us"]
     except Exception as exc:  # a peer that does not run on this torch is a row with its error, not a failed bench
         row.error = error_line(exc, 160)
     return row
 
 
-def run(panel: str, solutions: list[Path], log=print) -> dict:
+def run(panel: str, solutions: list[Path], log=print, peers: bool = True) -> dict:
     info = kh.select_device()
     if info.device.type != "cuda":
         raise RuntimeError("the benchmark needs a CUDA GPU (" + info.message + ")")
@@ -186,9 +193,12 @@ def run(panel: str, solutions: list[Path], log=print) -> dict:
     log(f"copy bandwidth {copy_gbps:.0f} GB/s; host floors: JIT launch {floors['jit_launch_us']:.2f} us, "
         f"compiled launch {floors['compiled_launch_us']:.2f} us")
     impls = [(p.name, "ours", load_solution(p).build, True) for p in solutions]
-    impls += [(name, note, build, False) for name, (build, note) in PEERS.items()]
-    if gemlite_builder() is None:
-        log("gemlite: not installed (or not wired for this version); skipped")
+    if peers:
+        impls += [(name, note, build, False) for name, (build, note) in PEERS.items()]
+        if gemlite_builder() is None:
+            log("gemlite: not installed (or not wired for this version); skipped")
+    else:
+        log("peers: not run (--no-peers)")
     flush = torch.zeros(FLUSH_BYTES, dtype=torch.uint8, device=info.device)
     cases = []
     for case in kh.load_panel(panel):
@@ -212,11 +222,11 @@ def format_case(entry: dict) -> str:
     c = entry["case"]
     lines = [f"{c['name']} ({c['stratum']}): roofline {entry['roofline_us']:.2f} us, "
              f"GPU floor {entry['gpu_floor_us']:.2f} us, target (1.5x the larger floor) {entry['target_us']:.2f} us"]
-    lines.append(f"  {'implementation':<28} {'eager_us':>9} {'graph_hot':>9} {'flushed':>9} {'%copy':>6} "
-                 f"{'correct':>7}  note")
+    lines.append(f"  {'implementation':<28} {'eager_us':>9} {'graph_hot':>9} {'flushed':>9} {'host_us':>8} "
+                 f"{'%copy':>6} {'correct':>7}  note")
     for r in entry["rows"]:
         lines.append(f"  {r['impl']:<28} {num(r['eager_us']):>9} {num(r['graph_hot_us']):>9} "
-                     f"{num(r['graph_flushed_us']):>9} "
+                     f"{num(r['graph_flushed_us']):>9} {num(r.get('host_us')):>8} "
                      f"{num(r['flushed_copy_fraction'] and 100 * r['flushed_copy_fraction'], '.1f'):>6} "
                      f"{'-' if r['correct'] is None else ('yes' if r['correct'] else 'NO'):>7}  {r['note']}"
                      + (f"; error {r['error']}" if r['error'] else ""))
@@ -229,11 +239,13 @@ def main(argv: list[str] | None = None) -> int:
                                         "smoke); bench needs CUDA")
     parser.add_argument("--solutions", nargs="+", default=["methods/versions/v0", "methods/main"],
                         help="our solutions to time")
+    parser.add_argument("--no-peers", action="store_true",
+                        help="time our solutions only (the peers take minutes: a dequantizing peer is ~1 ms a call)")
     parser.add_argument("--json", help="write the full report here")
     args = parser.parse_args(argv)
     try:
         report = run(args.panel or kh.default_panel(), [resolve_solution_dir(s) for s in args.solutions],
-                     log=lambda line: print(line, flush=True))
+                     log=lambda line: print(line, flush=True), peers=not args.no_peers)
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2

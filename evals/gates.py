@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from evals import kernel_harness as kh
-from evals import residency
+from evals import residency, stability
 from evals.gate_spies import (EVIDENCE_CAP, POISON_BITS, GateBook, Spies, changed_inputs, heat, isolate_timing_thread,
                               overlaps, pin_to_one_core, poisoned_allocations, references, same_values,
                               structure_problem, tamper_snapshot, validate, write_unversioned)
@@ -91,6 +91,35 @@ SCHEDULES = {"spec": Schedule(16384, 8, 1024, 4096, 8192, 11, 512, 512),
              "smoke": Schedule(16, 1, 2, 256, 4, 11, 1, 4)}
 SCHEDULES["spec-unpinned"] = replace(SCHEDULES["spec"], pin="none")
 SCHEDULES["spec-thread-pinned"] = replace(SCHEDULES["spec"], pin="thread")
+
+
+def run_schedule(fn, pool: list[tuple], s: Schedule, device: torch.device, before_group=None, primed_check=None,
+                 keep: list | None = None, cores: set[int] | None = None, pinned: list | None = None) -> list[float]:
+    """SPEC.md's timing schedule after the gates: reset; ``s.prime_outputs`` distinct outputs made, handed to
+    ``primed_check`` and released; the heater; the untimed calls; then ``s.groups`` timed groups of
+    ``s.calls_per_group`` calls on distinct pool entries (microseconds per call, one value per group).
+    ``before_group(g)`` runs before group g outside the timed region (the verifier rewrites the pool there); with
+    ``s.pin == "thread"`` on CUDA the timing thread is then isolated on one of ``cores`` (appended to ``pinned``).
+    The verifier's roles and ``evals.qualify`` both time through here, so that they time the same thing."""
+    residency.settle(device)  # SPEC.md's reset: synchronize, gc, empty_cache
+    primed = [fn(*pool[i % len(pool)]) for i in range(s.prime_outputs)]
+    if primed_check is not None:
+        primed_check(primed)
+    del primed  # released: the allocator now holds that many output blocks
+    heat(s.heater_size, s.heater_warmup + s.heater_matmuls, device)
+    for i in range(s.untimed_calls):
+        fn(*pool[i % len(pool)])
+    kh.synchronize(device)
+    inputs = [pool[i % len(pool)] for i in range(s.calls_per_group)]  # distinct within a group
+    hook = before_group
+    if s.pin == "thread" and device.type == "cuda":
+        def hook(group):  # threads the last group started are moved too
+            if before_group is not None:
+                before_group(group)
+            core = isolate_timing_thread(cores if cores is not None else os.sched_getaffinity(0))
+            if pinned is not None:
+                pinned.append(core)
+    return kh.time_groups(fn, inputs, s.groups, len(inputs), before_group=hook, keep=keep)
 
 
 # ----------------------------------------------------------------------------------------------------- the role
@@ -268,29 +297,20 @@ class Role:
     def timing_pass(self) -> None:
         s, pool, device = self.schedule, self.pool, self.device
         self.stage = "timing schedule"
-        residency.settle(device)  # SPEC.md's reset: synchronize, gc, empty_cache
-        primed = [self.fn(*pool[i % len(pool)]) for i in range(s.prime_outputs)]
-        self.calls += len(primed)
-        self.validate_phase("primed", primed, [(0, len(primed), self.refs)])
-        ends = (list(range(min(KEPT_PRIMED // 2, len(primed))))
-                + list(range(max(KEPT_PRIMED // 2, len(primed) - KEPT_PRIMED // 2), len(primed))))
-        for i in ends:
-            self.keep(f"primed output {i}", primed[i])
-        del primed  # released: the allocator now holds that many output blocks
-        heat(s.heater_size, s.heater_warmup + s.heater_matmuls, device)
-        for i in range(s.untimed_calls):
-            self.fn(*pool[i % len(pool)])
-        self.calls += s.untimed_calls
-        kh.synchronize(device)
-        inputs = [pool[i % len(pool)] for i in range(s.calls_per_group)]  # distinct within a group
+
+        def primed_check(primed: list) -> None:
+            self.validate_phase("primed", primed, [(0, len(primed), self.refs)])
+            ends = (list(range(min(KEPT_PRIMED // 2, len(primed))))
+                    + list(range(max(KEPT_PRIMED // 2, len(primed) - KEPT_PRIMED // 2), len(primed))))
+            for i in ends:
+                self.keep(f"primed output {i}", primed[i])
+
         timed: list = []
-        before_group = self.refill
-        if s.pin == "thread" and device.type == "cuda":
-            def before_group(group):  # threads the last group started are moved too
-                self.refill(group)
-                self.record["pinned_core"] = isolate_timing_thread(self.cores)
-        times = kh.time_groups(self.fn, inputs, s.groups, len(inputs), before_group=before_group, keep=timed)
-        self.calls += len(timed)
+        pinned = []
+        times = run_schedule(self.fn, pool, s, device, self.refill, primed_check, timed, self.cores, pinned)
+        if pinned:
+            self.record["pinned_core"] = pinned[-1]
+        self.calls += s.prime_outputs + s.untimed_calls + len(timed)
         self.record["times_us"] = times
         self.record["median_us"] = median = kh.median(times)
         per = s.calls_per_group  # each group's inputs drawn again from their seed: the oracle of one group at a time
@@ -304,6 +324,10 @@ class Role:
             self.book.check("timing_sanity", median >= roofline, f"median {median:.2f} us vs {roofline:.2f} us to move "
                             f"{self.case.bytes_moved():,} bytes at the copy bandwidth {gbps:.0f} GB/s"
                             + ("" if median >= roofline else ": faster than possible"))
+        # after the groups, so that they are timed exactly as SPEC.md says: what explains a dispersion failure
+        found = stability.probe(self.fn, pool, device)
+        self.calls += found["calls"]
+        self.record.update(host_us=found["host_us"], gpu_us=found["gpu_us"])
         self.checks("timing", residency_point=False)
 
     def validate_phase(self, phase: str, outs: list, batches) -> None:

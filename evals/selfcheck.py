@@ -4,8 +4,10 @@
     .venv/bin/python -m evals.selfcheck --list-cases [--panel visible|smoke|FILE]
 
 Never raises for a bad candidate: a failure at any stage becomes the case's ``error`` field (stage, name, message).
-Exit status 0 only when every case is correct. Without CUDA it runs CPU tensors under the Triton interpreter and
-says that its timings are not GPU timings.
+On CUDA each case also records its host cost and GPU time per call and whether the GPU time clears the host cost
+by the calibrated ratio (evals/stability.py): a host-bound case fails the verifier's dispersion gate on noisy hosts,
+so the loop keeps no candidate with one. Exit status 0 only when every case is correct. Without CUDA it runs CPU
+tensors under the Triton interpreter and says that its timings are not GPU timings.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from evals import kernel_harness as kh
+from evals import stability
 from evals.loader import load_solution, resolve_solution_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,6 +55,12 @@ class CaseResult:
     roofline_fraction: float | None = None
     baseline_median_us: float | None = None
     speedup: float | None = None
+    # measurable speed (evals/stability.py): host cost and GPU time per call, and the calibrated rule's verdict
+    host_us: float | None = None
+    gpu_us: float | None = None
+    device_ratio: float | None = None
+    stable: bool | None = None
+    stable_note: str = "not measured"
 
 
 def error_record(stage: str, exc: BaseException) -> dict:
@@ -84,7 +93,24 @@ def summarize(results: list[CaseResult]) -> dict:
         strata.setdefault(result.case["stratum"], []).append(result.speedup if result.correct else None)
     per_stratum, score = stratum_scores(strata)
     correct = all(r.correct for r in results)
-    return {"strata": per_stratum, "score": score if correct else None, "all_correct": correct}
+    return {"strata": per_stratum, "score": score if correct else None, "all_correct": correct,
+            "stability": stability_summary(results)}
+
+
+def stability_summary(results: list[CaseResult]) -> dict:
+    """Whether every case's timing is measurable by the calibrated rule; ``stable`` None where nothing was measured."""
+    measured = [r for r in results if r.stable is not None]
+    unstable = [r for r in measured if not r.stable]
+    if not measured:
+        note = "not measured: " + ("no CUDA (interpreter)" if results and all(
+            r.stable_note.startswith("not measured: no CUDA") for r in results) else "no case was timed")
+    elif unstable:
+        note = "; ".join(f"{r.case['name']}: {r.stable_note}" for r in unstable)
+    else:
+        note = f"every case's GPU time is at least {stability.STABLE_RATIO:.2f}x its host cost"
+    return {"measured": bool(measured), "ratio_min": stability.STABLE_RATIO,
+            "stable": (not unstable) if measured else None,
+            "unstable_cases": [r.case["name"] for r in unstable], "note": note}
 
 
 def check_mode(module, case, mode: str, device, config: dict | None = None) -> tuple[dict, object]:
@@ -124,6 +150,10 @@ def evaluate_case(module, baseline, case, device, plan: TimingPlan, copy_gbps: f
         ref = kh.reference(x, weights.qweight, weights.scales, weights.bias, residual, case.epilogue)
         result.checks["after_timing"] = kh.check_output(fn(x, residual), ref, (case.m, case.n)).to_dict()
         result.correct = result.checks["after_timing"]["ok"]
+        stage = "host cost and GPU time"
+        found = stability.probe(fn, inputs, device)
+        result.host_us, result.gpu_us, result.device_ratio = found["host_us"], found["gpu_us"], found["ratio"]
+        result.stable, result.stable_note = stability.verdict(found["host_us"], found["gpu_us"])
         result.times_us = cand_times
         result.median_us = kh.median(cand_times)
         result.baseline_median_us = kh.median(base_times)
@@ -170,7 +200,7 @@ def run(solution: Path, panel: str, baseline_dir: Path = V0_DIR, log=print,
 
 
 HEADER = (f"{'case':<26} {'stratum':<12} {'normal':>7} {'advers':>7} {'median_us':>10} {'GB/s':>8} {'%copy':>6} "
-          f"{'v0_us':>9} {'speedup':>8}")
+          f"{'v0_us':>9} {'speedup':>8} {'host_us':>8} {'gpu_us':>8} {'stable':>6}")
 
 
 def format_row(r: CaseResult) -> str:
@@ -184,7 +214,10 @@ def format_row(r: CaseResult) -> str:
     line = (f"{r.case['name']:<26} {r.case['stratum']:<12} {ok('normal'):>7} {ok('adversarial'):>7} "
             f"{num(r.median_us, '.2f'):>10} {num(r.gbps, '.1f'):>8} "
             f"{num(r.roofline_fraction and 100 * r.roofline_fraction, '.1f'):>6} "
-            f"{num(r.baseline_median_us, '.2f'):>9} {num(r.speedup, '.3f'):>8}")
+            f"{num(r.baseline_median_us, '.2f'):>9} {num(r.speedup, '.3f'):>8} {num(r.host_us, '.2f'):>8} "
+            f"{num(r.gpu_us, '.2f'):>8} {'-' if r.stable is None else ('yes' if r.stable else 'NO'):>6}")
+    if r.stable is False:
+        line += f"\n    unstable: {r.stable_note}"
     if r.error:
         line += (f"\n    error in {r.error['stage']}: {r.error['name']}: "
                  f"{r.error['message'].splitlines()[0] if r.error['message'] else ''}")
@@ -199,6 +232,10 @@ def print_summary(report: dict) -> None:
     score = "-" if report["score"] is None else f"{report['score']:.3f}"
     bw = "" if report["copy_gbps"] is None else f"; copy bandwidth {report['copy_gbps']:.0f} GB/s"
     print(f"speedup over v0 by stratum (geomean): {strata}; score (harmonic mean): {score}{bw}")
+    stable = report.get("stability") or {}
+    if stable.get("measured"):
+        print(f"stability (GPU time >= {stable['ratio_min']:.2f}x host cost per call): "
+              + ("every case" if stable["stable"] else "NOT " + ", ".join(stable["unstable_cases"])))
     if report["interpreted"]:
         print("note: " + report["timing_note"])
 

@@ -10,7 +10,9 @@ compiles every kernel into Triton's on-disk cache in parallel), then one process
 after another, so that nothing else runs on the GPU or the CPU meanwhile. Per pair: eager microseconds per call
 (median of 7 groups of 256 back-to-back calls after 256 untimed, the verifier's kind of number, shorter) with the
 groups' max/min (the verifier fails a role over 1.15: host-bound plans are fast but may not pass), and the
-GPU time of one call replayed from a CUDA graph with the L2 hot and with the L2 flushed (as ``evals.bench``).
+GPU time of one call replayed from a CUDA graph with the L2 hot and with the L2 flushed (as ``evals.bench``), and
+the host cost and back-to-back GPU time per call with their ratio (evals/stability.py: under about 1.3 the verifier's
+dispersion gate is at risk).
 The table lists, per case, every plan by eager time with its speedup over the solution's own plan; the JSON holds
 every number. ``--pin`` times on one core, ``--inputs 512`` cycles through as many inputs as the verifier does and
 ``--keep`` holds every timed output as it does: one at a time or together, they tell which of the verifier's timing
@@ -53,7 +55,7 @@ def _time_pairs(solution: str, pairs: list[tuple[kh.Case, dict]], pin: bool = Fa
     timed output until the groups end, as the verifier's roles do."""
     import torch
 
-    from evals import bench
+    from evals import bench, stability
     from evals.gate_spies import pin_to_one_core
     from evals.loader import load_solution
 
@@ -80,6 +82,8 @@ def _time_pairs(solution: str, pairs: list[tuple[kh.Case, dict]], pin: bool = Fa
             row["spread"] = max(groups) / min(groups)  # the verifier fails a role over 1.15 (host-bound plans)
             row["graph_hot_us"] = bench.graph_us(fn, *calls[0], None, replays=20)
             row["graph_flushed_us"] = bench.graph_us(fn, *calls[0], flush, replays=20)
+            found = stability.probe(fn, calls, device)  # host cost and back-to-back GPU time per call
+            row.update(host_us=found["host_us"], gpu_us=found["gpu_us"], ratio=found["ratio"])
             ref = kh.reference(weights.x, weights.qweight, weights.scales, weights.bias, weights.residual,
                                case_obj.epilogue)
             # after thousands of calls: a plan that keeps state between calls must still be right
@@ -121,8 +125,8 @@ def run(solution: str, grid: list[dict], panel: str, jobs: int, log=print, pin: 
 
 
 def table(result: dict) -> str:
-    lines = ["| case | overrides | eager us | x own plan | max/min | graph hot us | graph flushed us |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| case | overrides | eager us | x own plan | max/min | graph hot us | graph flushed us | host us | "
+             "GPU/host |", "|---|---|---|---|---|---|---|---|---|"]
     by_case: dict[str, list[dict]] = {}
     for row in result["timed"]:
         by_case.setdefault(row["case"], []).append(row)
@@ -133,11 +137,12 @@ def table(result: dict) -> str:
             ratio = f"{own / r['eager_us']:.2f}" if own else "-"
             spread = f"{r['spread']:.3f}" if r.get("spread") else "-"
             lines.append(f"| {case} | {json.dumps(r['overrides'])} | {r['eager_us']:.2f} | {ratio} | {spread} | "
-                         f"{r['graph_hot_us']:.2f} | {r['graph_flushed_us']:.2f} |")
+                         f"{r['graph_hot_us']:.2f} | {r['graph_flushed_us']:.2f} | "
+                         + (f"{r['host_us']:.2f} | {r['ratio']:.2f} |" if r.get("ratio") else "- | - |"))
         for r in rows:
             if r not in good:
                 problem = r.get("error") or "wrong after timing"
-                lines.append(f"| {case} | {json.dumps(r['overrides'])} | {problem} | | | | |")
+                lines.append(f"| {case} | {json.dumps(r['overrides'])} | {problem} | | | | | | |")
     return "\n".join(lines)
 
 

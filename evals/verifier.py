@@ -23,6 +23,9 @@ A case the verifier itself cannot set up (a seed whose adversarial construction 
 case_setup gate with the verifier's message; that is a panel problem to re-draw, not a failure of the candidate.
 A hidden ``--schedule smoke`` shrinks the schedule so that CPU tests of the whole pipeline finish; it never scores.
 
+A failed dispersion gate says why where it can: after its timed groups the candidate role measures its host cost and
+GPU time per call (evals/stability.py), and the gate's evidence names a host-bound candidate (GPU time below the host
+cost, or under the calibrated ratio). The verdict does not change: the gate still fails.
 Stabilizers (SPEC.md advice), on the verifier's side only: the cyclic garbage collector is disabled during the timed
 groups, and each timing role on CUDA pins itself to one core with os.sched_setaffinity where the OS has it. The hidden
 ``--schedule spec-unpinned`` (no pinning) and ``--schedule spec-thread-pinned`` (the timing thread alone on one core,
@@ -51,7 +54,7 @@ from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 
-from evals import gate_spies, gates
+from evals import gate_spies, gates, stability
 from evals import kernel_harness as kh
 from evals.gates import ROLE_GATES, SETUP_STAGE
 from evals.loader import resolve_solution_dir
@@ -129,6 +132,17 @@ def dispersion(times: list[float]) -> float | None:
     return max(times) / min(times) if times and min(times) > 0 else None
 
 
+def host_bound_line(record: dict) -> str:
+    """The candidate's host cost and GPU time per call (measured after its timed groups), and whether that explains
+    its dispersion: a GPU time below the host cost leaves each group's time to the noisy host."""
+    host, gpu = record.get("host_us"), record.get("gpu_us")
+    if host is None or gpu is None:
+        return "candidate host cost and GPU time per call: not measured"
+    stable, why = stability.verdict(host, gpu)
+    return (f"candidate: host {host:.2f} us per call, GPU {gpu:.2f} us per call; "
+            + (why if not stable else f"{why}: not host-bound, so the host's or the GPU's noise spread the groups"))
+
+
 def judge_case(case: kh.Case, roles: dict[str, dict], policy: dict, gates_only: bool) -> dict:
     candidate = roles["candidate"]
     gates = {name: dict(gate) for name, gate in candidate.get("gates", {}).items()}
@@ -166,7 +180,8 @@ def judge_case(case: kh.Case, roles: dict[str, dict], policy: dict, gates_only: 
             + (f"; over {DISPERSION_LIMIT} or missing: {', '.join(bad)}" if bad else "")]
             # the groups in order show one stalled group apart from a drift (us per call)
             + [f"{role} groups: " + " ".join(f"{t:.2f}" for t in roles[role]["times_us"])
-               for role in bad if roles.get(role, {}).get("times_us")]}
+               for role in bad if roles.get(role, {}).get("times_us")]
+            + ([host_bound_line(candidate)] if "candidate" in bad else [])}
         before, after = medians.get("baseline_before"), medians.get("baseline_after")
         broken = [f"{role} failed {name}" for role in ("baseline_before", "baseline_after")
                   for name, gate in roles.get(role, {}).get("gates", {}).items() if gate["status"] == "fail"]

@@ -23,6 +23,10 @@ def test_v0_on_the_smoke_panel_is_correct_and_timed(tmp_path):
         assert case["median_us"] > 0 and case["baseline_median_us"] > 0 and case["speedup"] > 0
         assert case["gbps"] > 0 and case["error"] is None
     assert set(report["strata"]) == {"balanced", "expert-batch"} and report["score"] > 0
+    # the interpreter cannot tell a host-bound plan: said, never guessed
+    assert report["stability"]["measured"] is False and report["stability"]["stable"] is None
+    assert report["stability"]["note"] == "not measured: no CUDA (interpreter)"
+    assert all(c["stable"] is None and c["host_us"] is None for c in report["cases"])
 
 
 def test_a_candidate_that_raises_becomes_error_fields(tmp_path, panel_file):

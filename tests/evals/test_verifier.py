@@ -241,9 +241,26 @@ def test_one_stalled_group_fails_the_case_without_retry_or_trimming():
     assert "candidate max/min 1.155" in stalled["gates"]["dispersion"]["evidence"][0]
     # the failing role's groups in order, so a reader tells one stalled group from a drift
     groups = "candidate groups: " + " ".join(["20.00"] * 10 + ["23.10"])
-    assert stalled["gates"]["dispersion"]["evidence"][1:] == [groups]
+    assert stalled["gates"]["dispersion"]["evidence"][1:] == [
+        groups, "candidate host cost and GPU time per call: not measured"]
     assert "candidate groups: 20.00" in verifier.format_row(stalled)
     assert verifier.summarize([stalled], gates_only=False)["score"] is None
+
+
+@pytest.mark.parametrize("host, gpu, says", [
+    (12.0, 8.0, "host-bound: the GPU time is below the host cost"),
+    (12.0, 13.0, "near host-bound: GPU 13.0 us per call is only 1.08x the host cost"),
+    (8.0, 30.0, "device-bound: GPU 30.0 us per call is 3.75x the host cost 8.0 us: not host-bound")])
+def test_a_dispersion_failure_says_whether_the_candidate_is_host_bound(host, gpu, says):
+    """The verdict stays a failure; the evidence adds the candidate's host cost and GPU time and what they mean."""
+    case = kh.Case("expert-batch", 20, 8192, 1024, "silu", 1)
+    candidate = role([20.0] * 10 + [26.0]) | {"host_us": host, "gpu_us": gpu}
+    roles = {"baseline_before": role([40.0] * 11), "candidate": candidate, "baseline_after": role([40.0] * 11)}
+    found = verifier.judge_case(case, roles, {"status": "pass", "evidence": ["clean"]}, gates_only=False)
+    assert found["failed"] == ["dispersion"] and found["score"] is None
+    line = found["gates"]["dispersion"]["evidence"][-1]
+    assert line.startswith(f"candidate: host {host:.2f} us per call, GPU {gpu:.2f} us per call; ") and says in line
+    assert says in verifier.format_row(found)
 
 
 def test_a_crashing_candidate_is_a_coverage_failure_not_a_crash(tmp_path, panel_file):
@@ -418,11 +435,16 @@ def test_bad_paths_are_usage_errors(tmp_path):
 
 
 @pytest.mark.gpu
-def test_v0_against_itself_on_the_visible_panel_scores_one(tmp_path):
-    """SPEC.md's full schedule, 10 cases x 3 roles: every dispersion gate passes and v0 scores 1.00 +- 0.03."""
+def test_v0_against_itself_scores_one_under_the_full_schedule(tmp_path, panel_file):
+    """SPEC.md's full schedule, 3 roles on the first visible case of each stratum (the whole panel takes six minutes,
+    `make verify` runs it): every dispersion gate passes, v0 scores 1.00 +- 0.03, and the candidate role reports its
+    host cost and GPU time per call (what a dispersion failure is explained with)."""
+    visible = kh.load_panel("visible")
+    firsts = [next(c for c in visible if c.stratum == s) for s in ("balanced", "expert-batch")]
+    panel = panel_file(*(dataclasses.astuple(c) for c in firsts))
     out = tmp_path / "v0-vs-v0.json"
     began = time.monotonic()
-    run = verify("--solution", "methods/versions/v0", "--panel", "visible", "--json", out)
+    run = verify("--solution", "methods/versions/v0", "--panel", panel, "--json", out)
     wall_s = time.monotonic() - began
     print(run.stdout, run.stderr[-4000:], f"wall {wall_s:.0f} s")
     if os.environ.get("KLOOP_EVIDENCE"):  # the run's table, log and report, for a closing note, before any assert
@@ -439,5 +461,8 @@ def test_v0_against_itself_on_the_visible_panel_scores_one(tmp_path):
         assert case["gates"]["dispersion"]["status"] == "pass"
         assert case["gates"]["baseline_agreement"]["status"] == "pass"
         assert case["gates"]["timing_sanity"]["status"] == "pass"
+        candidate = case["roles"]["candidate"]
+        assert candidate["host_us"] > 0 and candidate["gpu_us"] > 0
+    assert len(report["cases"]) == 2
     assert report["score"] == pytest.approx(1.0, abs=0.03)
     assert not report["skipped"]

@@ -123,16 +123,43 @@ VISIBLE = [(c.m, c.k, c.n) for c in kh.load_panel("visible")]
 
 def test_plans_of_the_visible_shapes():
     for m, k, n in VISIBLE:
-        cfg = S.plan(m, k, n)
+        free, cfg = S.plan(m, k, n, {"DEVICE_BOUND_US": 0}), S.plan(m, k, n)
         # the fewest splits that give MIN_PROGRAMS programs (132 SMs: 2 to 5 per SM), never past one group per split
-        tiles, target = cfg["M_TILES"] * cfg["N_TILES"], cfg["MIN_PROGRAMS"]
-        assert 132 <= target <= 5 * 132 and cfg["GRID"] == 0
-        assert tiles * cfg["SPLIT_K"] >= target or cfg["SPLIT_K"] == k // 128
-        assert tiles * (cfg["SPLIT_K"] - 1) < target
+        tiles, target = free["M_TILES"] * free["N_TILES"], free["MIN_PROGRAMS"]
+        assert 132 <= target <= 5 * 132 and free["GRID"] == 0
+        assert tiles * free["SPLIT_K"] >= target or free["SPLIT_K"] == k // 128
+        assert tiles * (free["SPLIT_K"] - 1) < target
+        assert_device_bound(cfg, free)
     assert S.plan(24, 8192, 28672)["MIN_PROGRAMS"] == 528  # the widest outputs' tier
     for m in (1, 5, 16, 17, 32, 33, 100):
         cfg = S.plan(m, 8192, 3072)
         assert cfg["BLOCK_SIZE_M"] == (16 if m <= 16 else 32) and cfg["BLOCK_SIZE_K"] == S.GROUP_SIZE
+
+
+def assert_device_bound(cfg, free):
+    """The device-bound rule: the largest split up to the free plan's whose predicted GPU time reaches
+    DEVICE_BOUND_US, else one split."""
+    m, k, n, tiles = cfg["M"], cfg["K"], cfg["N"], cfg["M_TILES"] * cfg["N_TILES"]
+    floor, split = cfg["DEVICE_BOUND_US"], cfg["SPLIT_K"]
+    assert floor > 0 and 1 <= split <= free["SPLIT_K"]
+    assert cfg["PREDICTED_US"] == S.predicted_us(m, k, n, tiles * split)
+    assert cfg["PREDICTED_US"] >= floor or split == 1
+    if split < free["SPLIT_K"]:
+        assert S.predicted_us(m, k, n, tiles * (split + 1)) < floor
+
+
+def test_unseen_shapes_get_device_bound_plans_by_the_rule_not_by_a_table():
+    """Shapes no table names (drawn as sealed panels are): each plan follows the rule, and the model's predicted GPU
+    time never rises with more programs (so the rule's search is sound)."""
+    from evals.verifier import make_panel
+
+    shapes = {(c["m"], c["k"], c["n"]) for seed in range(40) for c in make_panel(seed)["cases"]}
+    assert len(shapes) > 300
+    for m, k, n in sorted(shapes):
+        assert_device_bound(S.plan(m, k, n), S.plan(m, k, n, {"DEVICE_BOUND_US": 0}))
+        times = [S.predicted_us(m, k, n, p) for p in (1, 8, 64, 512, 4096)]
+        assert times == sorted(times, reverse=True)
+    assert S.plan(20, 8192, 1024, {"SPLIT_K": 8})["SPLIT_K"] == 8  # a fixed split is taken as given
 
 
 def test_tables_and_search_space_are_plain_literals_that_agree_with_plan():
@@ -148,9 +175,13 @@ def test_tables_and_search_space_are_plain_literals_that_agree_with_plan():
         assert knob in config and config[knob] in entry["values"] and entry["reason"], knob
         assert set(entry.get("unmeasured", [])) <= set(entry["values"]), knob
         for value in entry["values"]:
-            base = {"SPLIT_K": 0} if knob == "GRID" else {}
-            S.plan(18, 1024, 512, base | {knob: value})
-    for rule in S.SEARCH_SPACE["refused"]:
+            S.plan(18, 1024, 512, {knob: value})
+    for knob, direction in S.SEARCH_SPACE["device_bound"].items():  # up: more GPU time per call, never less
+        assert direction == "up" and knob in S.SEARCH_SPACE["knobs"]
+        values = sorted(S.SEARCH_SPACE["knobs"][knob]["values"])
+        times = [S.plan(20, 8192, 1024, {knob: v})["PREDICTED_US"] for v in values]
+        assert times == sorted(times) and times[-1] > times[0], times
+    for rule in S.SEARCH_SPACE.get("refused", []):
         combo = {knob: values[0] for knob, values in rule["when"].items()}
         with pytest.raises(ValueError):
             S.plan(18, 1024, 512, combo)
@@ -267,8 +298,9 @@ def test_a_bare_address_launch_keeps_the_accumulator_behind_its_addresses_alive(
     weights = (words, torch.zeros(1, 256, dtype=torch.float16), torch.zeros(256, dtype=torch.float16))
     accumulator, counters = torch.zeros(2, 256), torch.zeros(4, dtype=torch.int32)
     alive = [weakref.ref(accumulator), weakref.ref(counters)]
-    call = LAUNCH.address_call(lambda *args: None, (2, 256), torch.device("cpu"), weights, (accumulator, counters), ())
-    del accumulator, counters
+    kept = (accumulator, counters)
+    call = LAUNCH.address_call(lambda *args: None, (2, 64), (2, 256), torch.device("cpu"), weights, kept, (), None)
+    del accumulator, counters, kept
     gc.collect()
     assert all(ref() is not None for ref in alive), "the call dropped the tensors its addresses point into"
     del call

@@ -1,0 +1,118 @@
+"""Stability qualification (evals/qualify.py) and the host/GPU rule (evals/stability.py).
+
+On CPU the pipeline runs for real (a child process per schedule, the family's kernels under the interpreter, the
+verifier's schedule shrunk to its smoke size) but nothing is qualified: interpreter wall times are not GPU timings,
+and the report says so. The GPU tests time the real schedule."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from evals import qualify, stability
+from tests.conftest import ROOT
+
+FAMILY = str(ROOT / "methods" / "drafts" / "w4a16")
+
+
+def run_cli(*args, timeout=900):
+    return subprocess.run([sys.executable, "-m", "evals.qualify", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_the_rule_names_host_bound_near_host_bound_and_device_bound():
+    assert stability.verdict(None, None) == (None, "not measured: no CUDA (interpreter)")
+    stable, why = stability.verdict(10.0, 8.0)
+    assert stable is False and why.startswith("host-bound: the GPU time is below the host cost")
+    stable, why = stability.verdict(10.0, 11.0, ratio_min=1.3)
+    assert stable is False and why.startswith("near host-bound") and "1.10x" in why
+    assert stability.verdict(10.0, 13.0, ratio_min=1.3)[0] is True
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path: the interpreter, nothing qualified")
+def test_qualify_times_the_verifier_schedule_in_a_child_per_schedule_and_qualifies_nothing_on_cpu(tmp_path,
+                                                                                                  panel_file):
+    panel = panel_file(("expert-batch", 18, 256, 256, "gelu_tanh", 3))
+    grid = tmp_path / "grid.json"
+    grid.write_text(json.dumps([{}, {"SPLIT_K": 2}]))
+    out = tmp_path / "q.json"
+    run = run_cli("--solution", FAMILY, "--panel", str(panel), "--grid", str(grid), "--schedules", "smoke",
+                  "--repeats", "2", "--json", str(out))
+    assert run.returncode in (0, 1), run.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["measured"] is False and "nothing qualified" in report["note"] and not report["failures"]
+    assert [row["overrides"] for row in report["rows"]] == [{}, {"SPLIT_K": 2}]
+    for row in report["rows"]:
+        assert row["host_us"] is None and row["rule_stable"] is None and not row["errors"]
+        assert [v["repeat"] for v in row["vectors"]] == [0, 1] and {v["schedule"] for v in row["vectors"]} == {"smoke"}
+        assert all(len(v["times_us"]) == 11 and v["max_min"] >= 1.0 for v in row["vectors"])
+    assert ("passed" if report["passed"] else "NOT passed") in run.stdout
+
+
+def test_a_broken_plan_is_a_row_with_its_error_and_fails(tmp_path, panel_file):
+    panel = panel_file(("balanced", 18, 256, 256, "silu", 3))
+    grid = tmp_path / "grid.json"
+    grid.write_text(json.dumps([{"GRID": 7}]))
+    out = tmp_path / "q.json"
+    run = run_cli("--solution", FAMILY, "--panel", str(panel), "--grid", str(grid), "--schedules", "smoke",
+                  "--repeats", "1", "--json", str(out))
+    assert run.returncode == 1
+    row = json.loads(out.read_text())["rows"][0]
+    assert not row["passed"] and "GRID must be one of" in row["errors"][0] and not row["vectors"]
+
+
+def test_usage_errors_exit_2_with_what_to_do(tmp_path):
+    run = run_cli("--solution", FAMILY, "--panel", "smoke", "--schedules", "spec,fast")
+    assert run.returncode == 2 and "unknown ['fast']" in run.stderr
+    run = run_cli("--solution", tmp_path / "missing", "--panel", "smoke")
+    assert run.returncode == 2 and "no solution.py" in run.stderr
+    bad = tmp_path / "grid.json"
+    bad.write_text("{}")
+    run = run_cli("--solution", FAMILY, "--panel", "smoke", "--grid", str(bad))
+    assert run.returncode == 2 and "JSON list of override objects" in run.stderr
+    run = run_cli("--synthetic", "0,10")
+    assert run.returncode == 2 and "positive spin times" in run.stderr
+    run = run_cli("--curve", str(bad))
+    assert run.returncode == 2 and "qualification JSONs" in run.stderr
+    if not torch.cuda.is_available():
+        run = run_cli("--synthetic", "10")
+        assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
+
+
+def _entry(ratio, *spreads):
+    return {"case": f"r{ratio}", "ratio": ratio, "vectors": [{"schedule": "spec", "max_min": s} for s in spreads]}
+
+
+def test_the_threshold_is_the_least_ratio_above_which_every_vector_held_the_margin():
+    entries = [_entry(0.5, 1.4), _entry(0.9, 1.02, 1.12), _entry(1.05, 1.03), _entry(1.2, 1.01, 1.09),
+               _entry(2.0, 1.01)]
+    found = qualify.curve(entries)
+    assert found["threshold"] == 1.05 and found["points"] == 7
+    assert found["worst_above_threshold"] == 1.09
+    bins = {(b["ratio_from"], b["ratio_to"]): b for b in found["bins"]}
+    assert bins[(0.8, 1.0)]["over_margin"] == 1 and bins[(0.8, 1.0)]["over_limit"] == 0
+    assert bins[(0.0, 0.8)]["over_limit"] == 1
+    assert "threshold: 1.05" in qualify.format_curve(found)
+    assert qualify.curve([_entry(3.0, 1.2)])["threshold"] is None  # nothing above the data is known to be stable
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the spin kernel and CUDA events need a GPU")
+def test_a_device_bound_synthetic_callable_qualifies_and_the_probe_sees_its_gpu_time(tmp_path):
+    device = torch.device("cuda")
+    dummy = torch.empty(1, device=device)
+
+    def fn(x, residual):
+        out = torch.empty((32, 8192), dtype=torch.float16, device=device)
+        stability.spin(device, 60.0)
+        return out
+
+    found = stability.probe(fn, [(dummy, dummy)], device)
+    assert found["gpu_us"] == pytest.approx(60.0, rel=0.25) and found["host_us"] < found["gpu_us"]
+    out = tmp_path / "q.json"
+    run = run_cli("--synthetic", "60", "--repeats", "1", "--schedules", "spec", "--json", str(out))
+    report = json.loads(out.read_text())
+    assert run.returncode == 0 and report["passed"] and report["measured"], run.stdout + run.stderr[-2000:]
+    row = report["rows"][0]
+    assert row["rule_stable"] and row["ratio"] > stability.STABLE_RATIO and row["worst_max_min"] <= qualify.LIMIT
