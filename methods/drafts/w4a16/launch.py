@@ -14,10 +14,11 @@ from triton.runtime.jit import JITFunction
 from .kernels import w4a16_splitk_kernel, w4a16_stream_kernel
 
 
-def make_call(cfg, M, K, N, activation, weights, x, residual):
+def make_call(cfg, M, K, N, activation, weights, x, residual, check):
     """``call(x, residual) -> out`` for one M. ``weights`` is (words, scales, bias); ``x`` and ``residual`` are a
-    call's real arguments (what the compiled kernel specializes on). A split tile or a stream-K grid keeps an fp32
-    (M, N) accumulator and one counter per tile, both left at zero by every launch."""
+    call's real arguments (what the compiled kernel specializes on); ``check(x, residual)`` returns them fit for the
+    kernel (contiguous, aligned copies where needed) or raises with what is wrong. A split tile or a stream-K grid
+    keeps an fp32 (M, N) accumulator and one counter per tile, both left at zero by every launch."""
     stream = cfg["GRID"] == 1
     tiles = cfg["M_TILES"] * cfg["N_TILES"]
     device = x.device
@@ -38,7 +39,7 @@ def make_call(cfg, M, K, N, activation, weights, x, residual):
     options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     out_shape = (M, N)
     if not compiled:
-        return interpreted_call(kernel, grid, options, out_shape, weights, kept, tail)
+        return interpreted_call(kernel, grid, options, out_shape, weights, kept, tail, check)
     out = torch.empty(out_shape, dtype=torch.float16, device=device)
     accumulator, counters = kept or (out, out)
     # warmup compiles without launching: the accumulator and the counters stay at zero
@@ -50,8 +51,8 @@ def make_call(cfg, M, K, N, activation, weights, x, residual):
     bare = cfg["LAUNCH"] == 2
     run = compiled_launcher(compiled_kernel, grid, device_index, bare=bare)
     if bare:
-        return address_call(run, out_shape, device, weights, kept, tail)
-    return tensor_call(run, out_shape, device, weights, kept, tail)
+        return address_call(run, (M, K), out_shape, device, weights, kept, tail, check)
+    return tensor_call(run, out_shape, device, weights, kept, tail, check)
 
 
 def keeps_accumulator(cfg):
@@ -59,10 +60,11 @@ def keeps_accumulator(cfg):
     return cfg["GRID"] == 1 or cfg["SPLIT_K"] > 1
 
 
-def interpreted_call(kernel, grid, options, out_shape, weights, kept, tail):
+def interpreted_call(kernel, grid, options, out_shape, weights, kept, tail, check):
     words, scales, bias = weights
 
     def call(x, residual):
+        x, residual = check(x, residual)
         out = torch.empty(out_shape, dtype=torch.float16, device=x.device)
         accumulator, counters = kept or (out, out)
         kernel[grid](x, words, scales, bias, residual, out, accumulator, counters, *tail, **options)
@@ -70,13 +72,14 @@ def interpreted_call(kernel, grid, options, out_shape, weights, kept, tail):
     return call
 
 
-def tensor_call(run, out_shape, device, weights, kept, tail):
+def tensor_call(run, out_shape, device, weights, kept, tail, check):
     """LAUNCH 1: tensors through the compiled kernel's launcher, which asks each for data_ptr() and the driver for its
-    pointer attributes."""
+    pointer attributes; every call checks its arguments in full."""
     words, scales, bias = weights
     f16 = torch.float16
     if kept is None:  # SPLIT_K 1: the kernel never reads the accumulator and counter arguments
         def call(x, residual):
+            x, residual = check(x, residual)
             out = torch.empty(out_shape, dtype=f16, device=device)
             run(x, words, scales, bias, residual, out, out, out, *tail)
             return out
@@ -84,26 +87,32 @@ def tensor_call(run, out_shape, device, weights, kept, tail):
     accumulator, counters = kept
 
     def call(x, residual):
+        x, residual = check(x, residual)
         out = torch.empty(out_shape, dtype=f16, device=device)
         run(x, words, scales, bias, residual, out, accumulator, counters, *tail)
         return out
     return call
 
 
-def address_call(run, out_shape, device, weights, kept, tail):
-    """LAUNCH 2: integer addresses straight to the launcher's C entry, skipping a data_ptr() call and a driver
-    pointer query per tensor argument. The weights' and the accumulator's addresses are taken once, here: build holds
-    the weights, and this closure ``kept`` (it reads it on every call, so the tensors behind the addresses live as long
-    as the call). A bare address cannot tell its device, so every call checks where x and residual live."""
+def address_call(run, x_shape, out_shape, device, weights, kept, tail, check):
+    """LAUNCH 2, the lean host path: integer addresses straight to the launcher's C entry, skipping a data_ptr() call
+    and a driver pointer query per tensor argument. The weights' and the accumulator's addresses are taken once, here:
+    build holds the weights, and this closure ``kept`` (it reads it on every call, so the tensors behind the addresses
+    live as long as the call). A bare address says nothing of its tensor, so each call first reads what the kernel
+    assumes (dtype, shape, contiguity, device, 16-byte alignment); where one read disagrees, ``check`` decides (a
+    copy fit for the kernel, or a clear error)."""
     w_ptr, s_ptr, b_ptr = (t.data_ptr() for t in weights)
     a_ptr, c_ptr = (kept[0].data_ptr(), kept[1].data_ptr()) if kept else (0, 0)
     device_index = device.index
     f16 = torch.float16
 
     def call(x, residual):
-        if x.get_device() != device_index or residual.get_device() != device_index:
-            raise ValueError(f"x and residual must be on {device}; got {x.device} and {residual.device}")
-        out = torch.empty(out_shape, dtype=f16, device=device)
+        if (x.dtype is not f16 or residual.dtype is not f16 or x.shape != x_shape or residual.shape != out_shape
+                or not x.is_contiguous() or not residual.is_contiguous()
+                or x.get_device() != device_index or residual.get_device() != device_index
+                or (x.data_ptr() | residual.data_ptr()) & 15):
+            x, residual = check(x, residual)
+        out = torch.empty_like(residual)  # (M, N) fp16 contiguous on the device: cheaper than torch.empty's arguments
         o_ptr = out.data_ptr()
         run(x.data_ptr(), w_ptr, s_ptr, b_ptr, residual.data_ptr(), o_ptr, a_ptr if kept else o_ptr,
             c_ptr if kept else o_ptr, *tail)
