@@ -47,6 +47,9 @@ class Task:
     selfcheck_cmd: tuple[str, ...] = ("-m", "evals.selfcheck")
     residency_cmd: tuple[str, ...] = ("-m", "evals.residency")
     profile_cmd: tuple[str, ...] = ("-m", "evals.profile")
+    qualify_cmd: tuple[str, ...] = ("-m", "evals.qualify", "--repeats", "1", "--schedules", "spec")
+    """Times the candidate under the verifier's own candidate schedule and says whether every 11-group vector stays
+    within the verifier's max/min limit; CUDA only (the agent never runs it under the interpreter)."""
     cases_cmd: tuple[str, ...] = ("-m", "evals.selfcheck", "--list-cases")
     """Lists a panel's cases (``--panel P`` appended), exit 2 when it is not a panel: run before a run starts, so that
     a bad panel is refused before anything is written."""

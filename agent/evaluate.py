@@ -1,6 +1,7 @@
 """The evaluation chain, cheapest first, stopping at the first failure: source policy -> selfcheck -> best and
-candidate timed in alternation -> residency guard and verifier gates side by side (the slowest on a GPU, only for a
-candidate that would be kept).
+candidate timed in alternation -> on a GPU, the qualification under the verifier's schedule (alone: it times) ->
+residency guard and verifier gates side by side (the slowest on a GPU); these three only for a candidate that would
+be kept. A candidate the verifier could not time (host-bound, see agent.stability) is never kept.
 
 Each stage is the evaluator's own CLI in a subprocess (agent/ never imports evals/); its JSON is the result.
 """
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from agent.config import Task
 from agent.runner import clip, python_command, python_env, run_command
+from agent.stability import qualification_failed, stability_block, unstable_cases
 
 SURELY_SLOWER = 0.05
 """How far below the best's score against v0 a candidate's may be before it is not timed against the best."""
@@ -129,6 +131,18 @@ class Evaluator:
         return self._run("profile", self.task.profile_cmd, ["--solution", str(solution), "--panel", self.panel],
                          self.work_dir / "profile.json")
 
+    def qualify(self, solution: Path) -> Stage:
+        """The candidate timed under the verifier's own candidate schedule (GPU only: never called otherwise); ok when
+        every timed vector stays within the verifier's max/min limit."""
+        stage = self._run("qualify", self.task.qualify_cmd, ["--solution", str(solution), "--panel", self.panel],
+                          self.work_dir / "qualify.json")
+        report = stage.report
+        if report is None:
+            stage.note = "the qualification did not run: " + stage.note
+        elif not report.get("passed") or not report.get("measured"):  # over the limit, or it could not time
+            stage.ok, stage.note = False, stability_block(None, report)[2]
+        return stage
+
     def residency(self, solution: Path) -> Stage:
         stage = self._run("residency", self.task.residency_cmd, ["--solution", str(solution), "--panel", self.panel],
                           self.work_dir / "residency.json")
@@ -139,14 +153,21 @@ class Evaluator:
 
     def evaluate(self, solution: Path, best: Path, best_is_baseline: bool, full_check: bool = True,
                  best_score: float | None = None) -> dict:
-        """The verdict of one attempt; ``keep`` is True only for a valid candidate faster than ``best`` beyond noise.
+        """The verdict of one attempt; ``keep`` is True only for a valid candidate faster than ``best`` beyond noise
+        and, on a GPU, stable.
 
         Cheapest first, stopping at the first failure: policy, selfcheck (correctness and speed against v0), the
-        comparison with the best (both timed in alternation in one process); then the residency guard and the
-        verifier gates, the slowest stages on a GPU, side by side (neither times anything). Without ``full_check``
-        (the loop's default) they run only for a candidate that would be kept, since a slower one is reverted
-        whatever they say. A candidate whose score against v0 is more than ``SURELY_SLOWER`` below ``best_score``
-        (the best's own score against v0) cannot be kept: it is not timed against the best, and its row says so.
+        comparison with the best (both timed in alternation in one process); on a GPU the qualification under the
+        verifier's schedule, alone since it times; then the residency guard and the verifier gates, the slowest
+        stages on a GPU, side by side (neither times anything). Without ``full_check`` (the loop's default) the last
+        three run only for a candidate that would be kept, since a slower one is reverted whatever they say. A
+        candidate whose score against v0 is more than ``SURELY_SLOWER`` below ``best_score`` (the best's own score
+        against v0) cannot be kept: it is not timed against the best, and its row says so.
+
+        On a GPU a keeper must also be stable (``agent.stability``): a case the selfcheck finds host-bound, or a
+        qualification vector over the verifier's limit, blocks the keep; such a candidate is still valid (correct,
+        scored) and its ``stable`` cell says why. Without CUDA nothing is measured: the qualification never runs and
+        the cell is "-".
         """
         stages: list[Stage] = []
 
@@ -155,24 +176,40 @@ class Evaluator:
             return stage.ok
 
         comparison: dict = {"keep": False, "speedup_over_best": None, "noise": None}
+        stable, stable_cell, stable_note = True, "-", ""
         if passed(self.policy(solution)) and passed(self.selfcheck(solution)):
             check = stages[-1].report
+            if self.cuda:
+                stable, stable_cell, stable_note = stability_block(check, None)
             estimate = (check.get("score") or 0.0) / best_score if best_score else None
             if best_is_baseline:  # the selfcheck already timed the candidate against v0 in alternation
                 comparison = compare(check)
-            elif estimate is not None and estimate < 1 - SURELY_SLOWER:
+            elif not stable or (estimate is not None and estimate < 1 - SURELY_SLOWER):  # cannot be kept
+                estimated = "estimated from both scores against v0; " if estimate is not None else ""
                 comparison = {"keep": False, "speedup_over_best": estimate, "noise": None,
-                              "compare_note": "estimated from both scores against v0; not timed against the best"}
+                              "compare_note": estimated + "not timed against the best"}
             elif passed(self.selfcheck(solution, best, "versus_best")):
                 comparison = compare(stages[-1].report)
-            if comparison["keep"] or full_check:
+            if self.cuda and stable and (comparison["keep"] or full_check):
+                stages.append(self.qualify(solution))  # alone: it times, so nothing may run beside it
+                report = stages[-1].report
+                stable, stable_cell, stable_note = stability_block(
+                    check, report if report is not None else {"measured": False, "note": stages[-1].note})
+            if (comparison["keep"] and stable) or full_check:
                 with ThreadPoolExecutor(2) as pool:  # two processes, neither timed: side by side
                     checks = [pool.submit(self.residency, solution), pool.submit(self.gates, solution)]
                     stages.extend(future.result() for future in checks)
         check = next((s.report for s in stages if s.name == "selfcheck" and s.report and "cases" in s.report), None)
         names = {s.name: s for s in stages}
+        qualified = names["qualify"].report if "qualify" in names else None
+        notes = [f"{s.name}: {s.note}" for s in stages if s.note != "ok"]
+        if not stable and "qualify" not in names:  # the selfcheck's host-bound probe, which no stage note says
+            notes.append(f"stability: {stable_note}")
         verdict = {"stages": [s.summary() for s in stages],
-                   "failed_stage": next((s.name for s in stages if not s.ok), None),
+                   # a qualification that measured a vector over the limit answered: the stable cell says it
+                   "failed_stage": next((s.name for s in stages
+                                         if not s.ok and not (s.name == "qualify" and qualification_failed(s.report))),
+                                        None),
                    "panel": self.panel, "gpu_timing": self.cuda,
                    "correct": None if check is None else bool(check.get("all_correct")),
                    # a case that raised (a compile error such as OutOfResources, a crash) rather than computed wrongly
@@ -181,9 +218,14 @@ class Evaluator:
                    "gates": ("ok" if names["gates"].ok else "FAIL") if "gates" in names else None,
                    "strata": (check or {}).get("strata", {}), "score": (check or {}).get("score"),
                    "cases": [_case_numbers(c) for c in (check or {}).get("cases", [])],
-                   "note": "; ".join(f"{s.name}: {s.note}" for s in stages if s.note != "ok")}
+                   # "yes", "no (why)" or "-" (not measured: no CUDA, or never reached), and the cases that were not
+                   "stable": stable_cell, "stability_note": stable_note,
+                   "unstable": unstable_cases(check, qualified) if self.cuda else [],
+                   "note": "; ".join(notes)}
         verdict["valid"] = verdict["failed_stage"] is None and verdict["score"] is not None
-        verdict.update(comparison, keep=verdict["valid"] and comparison["keep"] and "residency" in names)
+        # on a GPU a keeper has passed the qualification; without one nothing is measured and nothing blocks
+        steady = stable and (not self.cuda or "qualify" in names)
+        verdict.update(comparison, keep=verdict["valid"] and comparison["keep"] and "residency" in names and steady)
         return verdict
 
 
@@ -219,7 +261,8 @@ def correct_cell(verdict: dict) -> str:
 
 
 def _case_numbers(case: dict) -> dict:
-    keys = ("correct", "median_us", "gbps", "roofline_fraction", "baseline_median_us", "speedup")
+    keys = ("correct", "median_us", "gbps", "roofline_fraction", "baseline_median_us", "speedup", "host_us", "gpu_us",
+            "stable")
     return {"name": case["case"]["name"], "stratum": case["case"]["stratum"]} | {k: case.get(k) for k in keys}
 
 

@@ -22,9 +22,11 @@ from pathlib import Path
 
 from agent.config import Task
 
+# "stable" is last: rows written before it existed end at sha256 and still read (parse_row gives them "-")
 COLUMNS = ("version", "time (UTC)", "run", "backend/model", "parent", "summary / hypothesis", "correct", "residency",
-           "balanced", "expert-batch", "score", "decision", "sha256")
+           "balanced", "expert-batch", "score", "decision", "sha256", "stable")
 VERSION_DIR = re.compile(r"^v(\d+)$")
+ATTEMPT_ROW = re.compile(r"^\| v\d+ \|")  # an attempt's row: not the header, nor a promotion's "| promote vN |"
 PENDING = "pending.json"  # in vN/ until its row and index line are written: what a kill left unwritten, written later
 PAUSE_ENV = "KLOOP_PAUSE_AT"  # test-only: the agent process stops at the named write boundary (tests/agent/test_crash)
 
@@ -82,11 +84,14 @@ def format_row(values: dict[str, object]) -> str:
 def rows(task: Task) -> list[str]:
     if not task.ledger_path.is_file():
         return []
-    return [line for line in task.ledger_path.read_text().splitlines() if re.match(r"^\| v\d+ \|", line)]
+    return [line for line in task.ledger_path.read_text().splitlines() if ATTEMPT_ROW.match(line)]
 
 
 def parse_row(line: str) -> dict[str, str]:
-    return dict(zip(COLUMNS, (part.strip() for part in line.strip().strip("|").split(" | "))))
+    """Every column of a row by name; a row with fewer cells (written before a column was appended) reads "-" there,
+    as format_row writes a missing value."""
+    parts = [part.strip() for part in line.strip().strip("|").split(" | ")]
+    return dict(zip(COLUMNS, parts + ["-"] * (len(COLUMNS) - len(parts))))
 
 
 def index_entries(task: Task) -> list[dict]:

@@ -110,7 +110,7 @@ class Run:
                         steps_left=getattr(self.proposer, "max_steps", "a few"))
         prompts = {"system": render("system"), "task": render("task", **values),
                    "iteration": render("iteration", **feedback)}
-        return IterationContext(iteration, prompts, profile)
+        return IterationContext(iteration, prompts, profile, last)
 
     def step(self) -> None:
         self.check_limits()
@@ -153,7 +153,7 @@ class Run:
                # the guard runs only for a candidate about to be kept (or with --full-check)
                "residency": verdict["residency"] or ("not run (not kept)" if verdict["correct"] else "-"),
                "balanced": fmt(strata.get("balanced")), "expert-batch": fmt(strata.get("expert-batch")),
-               "score": fmt(verdict["score"]), "decision": decision(verdict)}
+               "score": fmt(verdict["score"]), "decision": decision(verdict), "stable": verdict.get("stable")}
         eval_s = time.monotonic() - started
         extra = {"iteration": iteration, "summary": summary, "hypothesis": hypothesis, "keep": verdict["keep"],
                  "prompt_tokens": context.usage.prompt_tokens, "completion_tokens": context.usage.completion_tokens,
@@ -186,7 +186,7 @@ class Run:
         self.state.wall_s += entry["wall_s"]
         self.state.last_verdict = {k: verdict.get(k) for k in ("failed_stage", "note", "correct", "residency",
                                                                 "strata", "score", "speedup_over_best", "noise",
-                                                                "keep")}
+                                                                "stable", "unstable", "keep")}
         self.state.last_verdict["version"] = entry["version"]
         self.state.history.append({"version": entry["version"], "decision": entry["decision"],
                                    "score": verdict["score"]})
@@ -220,10 +220,15 @@ def same_files(candidate: Path, best: Path) -> bool:
 
 def decision(verdict: dict) -> str:
     """The ledger's decision cell: keep or revert and why, the reason in full (each stage's whole output is in
-    verdict.json); a decision on Triton interpreter timings says so."""
+    verdict.json); a decision on Triton interpreter timings says so. A valid candidate the verifier could not time
+    (its ``stable`` cell "no ...", GPU only) reads "revert (unstable: CASE WHY; 1.420x best)"."""
     timing = "" if verdict.get("gpu_timing") else "interpreter timing: "
     if verdict["keep"]:
         return f"keep ({timing}{verdict['speedup_over_best']:.3f}x best, noise {verdict['noise']:.3f})"
+    if verdict["valid"] and str(verdict.get("stable", "")).startswith("no"):
+        why = ", ".join(f"{u['case']} {u['why']}" for u in verdict.get("unstable") or []) or verdict["stability_note"]
+        estimated = "~" if verdict.get("compare_note", "").startswith("estimated") else ""
+        return f"revert (unstable: {why}; {estimated}{fmt(verdict['speedup_over_best'])}x best)"
     if verdict["valid"] and verdict.get("compare_note", "").startswith("estimated"):
         return (f"revert ({timing}~{verdict['speedup_over_best']:.3f}x best from both scores against v0, "
                 "not timed against it)")

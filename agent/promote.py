@@ -2,9 +2,10 @@
 
 Says what vN's own ledger row decided and where its numbers came from, and asks for --force when they are Triton
 interpreter timings (CPU), which say nothing about speed on a GPU. Re-runs the gates, the selfcheck and the full
-residency guard on vN, and with --verify (a GPU) the full verifier on the panel too, the timing gates included;
-refuses with the reason when any fails (unless --force, which the ledger records), copies vN's files into
-methods/main/ and appends a promotion row (first cell `promote vN`). It never changes methods/versions/.
+residency guard on vN (on a GPU also the qualification under the verifier's schedule; a vN that is not stable is
+said and its row's stable cell records it), and with --verify (a GPU) the full verifier on the panel too, the timing
+gates included; refuses with the reason when any fails (unless --force, which the ledger records), copies vN's files
+into methods/main/ and appends a promotion row (first cell `promote vN`). It never changes methods/versions/.
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
     evaluator = Evaluator(task, panel, cuda,
                           task.root / "workspace" / ".promotions" / f"{version}-{stamp:%Y%m%d-%H%M%S}")
     log(f"checking {version} on the {panel} panel ({'GPU' if cuda else 'CPU, Triton interpreter'}): "
-        "source policy, gates, selfcheck, residency guard")
+        f"source policy, gates, selfcheck, {'qualification, ' if cuda else ''}residency guard")
     verdict = evaluator.evaluate(source, task.versions / task.baseline_version, best_is_baseline=True)
     for stage in verdict["stages"]:
         log(f"  {stage['name']:<10} {'ok' if stage['ok'] else 'FAILED'}  "
@@ -70,6 +71,9 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
                 "(--force overrides, and is recorded)")
             return 1
         log(f"promote: forcing past {verdict['failed_stage']}; the ledger records it")
+    if verdict["stable"].startswith("no"):  # said and recorded; --verify is the check that refuses
+        log(f"promote: warning: {version} is not stable on this GPU, and the verifier's dispersion gate fails such a "
+            f"solution: {verdict['stability_note']} (--verify runs the verifier itself)")
     verified = ""
     if verify:
         log(f"verifying {version} on the {panel} panel: every gate, then v0 before, {version}, v0 after, one process "
@@ -102,7 +106,7 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
            "balanced": fmt(strata.get("balanced")), "expert-batch": fmt(strata.get("expert-batch")),
            "score": fmt(verdict["score"]),
            "decision": "promoted (forced)" if forced or "forced past the verifier" in verified else "promoted",
-           "sha256": ledger.solution_sha256(source)}
+           "sha256": ledger.solution_sha256(source), "stable": verdict["stable"]}
     ledger.append_row(task, row)
     log(f"promoted {version} to {task.candidate_dir} (was {parent}); score {fmt(verdict['score'])}")
     return 0

@@ -226,16 +226,25 @@ class Tools:
 
 
 def profile_text(report: dict) -> str:
-    """The roofline summary of a selfcheck report: per case latency, GB/s and fraction of copy bandwidth."""
-    lines = [f"{'case':<26} {'stratum':<12} {'median_us':>10} {'GB/s':>8} {'%copy':>6} {'speedup':>8}"]
+    """The roofline summary of a selfcheck report: per case latency, GB/s, fraction of copy bandwidth, and (measured
+    on a GPU only) host and GPU time per call and whether the verifier could time the case (``stable``)."""
+    lines = [f"{'case':<26} {'stratum':<12} {'median_us':>10} {'GB/s':>8} {'%copy':>6} {'speedup':>8} "
+             f"{'host_us':>8} {'gpu_us':>8} {'stable':>6}"]
     for case in report.get("cases", []):
         def num(key: str, fmt: str, scale: float = 1.0) -> str:
             value = case.get(key)
             return "-" if value is None else format(value * scale, fmt)
+        stable = {True: "yes", False: "NO"}.get(case.get("stable"), "-")
         lines.append(f"{case['case']['name']:<26} {case['case']['stratum']:<12} {num('median_us', '.2f'):>10} "
-                     f"{num('gbps', '.1f'):>8} {num('roofline_fraction', '.1f', 100):>6} {num('speedup', '.3f'):>8}")
+                     f"{num('gbps', '.1f'):>8} {num('roofline_fraction', '.1f', 100):>6} {num('speedup', '.3f'):>8} "
+                     f"{num('host_us', '.1f'):>8} {num('gpu_us', '.1f'):>8} {stable:>6}")
     strata = ", ".join(f"{k} {'-' if v is None else f'{v:.3f}'}" for k, v in report.get("strata", {}).items())
     lines.append(f"speedup over v0 by stratum: {strata}; copy bandwidth {report.get('copy_gbps') or '-'} GB/s")
+    unstable = [f"{c['case']['name']}: {c.get('stable_note') or 'unstable'}" for c in report.get("cases", [])
+                if c.get("stable") is False]
+    if unstable:
+        lines.append("host-bound (the verifier's dispersion gate fails them; a candidate with one is not kept): "
+                     + "; ".join(unstable))
     if report.get("interpreted"):
         lines.append("note: no GPU: these are Triton-interpreter wall times, not GPU timings")
     return "\n".join(lines)

@@ -28,7 +28,11 @@ class IterationContext:
     prompts: dict[str, str]
     """Rendered system, task and iteration prompts."""
     profile: dict | None
-    """The best's last selfcheck report (per-case latency, GB/s, roofline fraction, speedups), if any."""
+    """The best's last selfcheck report (per-case latency, GB/s, roofline fraction, speedups; on a GPU per-case host
+    and GPU time per call and whether the case is ``stable``), if any."""
+    last_verdict: dict | None = None
+    """The run's last attempt as its state keeps it (decision inputs: failed stage, note, strata, score, ``stable``
+    and the ``unstable`` cases with their strata), if any."""
     usage: Usage = field(default_factory=Usage)
 
 

@@ -7,6 +7,10 @@ to which values, are the solution's search space (``agent.proposers.space``: its
 knobs). Each attempt moves one knob of one table to a neighbouring declared value (or adds a tier for the weaker
 stratum), in an order chosen from the last profile (the weaker stratum first); once every single move of the best is
 in the ledger, it combines two. It never proposes a solution already in the ledger (by sha256).
+
+Speed counts only where the verifier can measure it: when the best's profile or the last verdict finds cases of a
+stratum host-bound (GPU only), the stratum is the focus and the next moves are the space's ``device_bound`` moves in
+the tables deciding its shapes (or a new tier for it), which give each call more GPU time than its host cost.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import json
 from dataclasses import dataclass, field, replace
 
 from agent.exceptions import LimitsExceeded, ProposerError
-from agent.ledger import parse_row
+from agent.ledger import ATTEMPT_ROW, parse_row
 from agent.proposers import IterationContext
 from agent.proposers.space import Knob, Space, assigned, find_get_config, number, read_space, string_keys
 from agent.tools import Tools
@@ -206,13 +210,18 @@ def weaker_stratum(profile: dict | None) -> str:
 
 @dataclass(frozen=True)
 class Move:
-    rank: tuple
+    rank: tuple  # (index distance, table rank, knob rank, side: 0 toward later declared values, else 1)
     table: str
     knob: str
     current: object
     value: object
     reason: str
     label: str = ""
+
+    @property
+    def direction(self) -> str:
+        """Its way along the knob's declared values: "up" toward later ones, "down" toward earlier ones."""
+        return "up" if self.rank[3] == 0 else "down"
 
     def __str__(self) -> str:
         return f"{self.label + ' ' if self.label else ''}{self.knob} {self.current}->{self.value}"
@@ -247,12 +256,14 @@ def decides(tables: list[Table], table: Table, knob: str, space: Space, cases) -
     return any(decider(tables, shape, knob) is table and matters(shape) for shape in cases)
 
 
-def single_moves(tables: list[Table], profile: dict | None, space: Space, tier: Table | None = None) -> list[Move]:
-    """Every one-knob neighbour of every table (and of ``tier``, a new tier for the weaker stratum), nearest first;
-    tables deciding the weaker stratum before the others, then the space's knob order. Knobs that decide nothing for
-    the panel's shapes (see ``decides``) are left out; a new tier takes a knob only where the general table's value of
-    it also serves a shape of another stratum (else moving the general table is the same attempt)."""
-    weaker, general, cases = weaker_stratum(profile), tables[0], shapes(profile)
+def single_moves(tables: list[Table], profile: dict | None, space: Space, tier: Table | None = None,
+                 focus: str | None = None) -> list[Move]:
+    """Every one-knob neighbour of every table (and of ``tier``, a new tier for the focus stratum), nearest first;
+    tables deciding the focus stratum (by default the weaker one) before the others, then the space's knob order.
+    Knobs that decide nothing for the panel's shapes (see ``decides``) are left out; a new tier takes a knob only where
+    the general table's value of it also serves a shape of another stratum (else moving the general table is the same
+    attempt)."""
+    weaker, general, cases = focus or weaker_stratum(profile), tables[0], shapes(profile)
     ranked = sorted(tables + ([tier] if tier else []), key=lambda t: (weaker not in t.strata, len(t.strata), t.start))
     shadowed = tier is not None and any(t.holds(shape) for t in tables[1:] for shape in cases if shape[0] == weaker)
     moves = []
@@ -278,6 +289,40 @@ def single_moves(tables: list[Table], profile: dict | None, space: Space, tier: 
     return sorted(moves, key=lambda m: m.rank)
 
 
+def unstable_strata(profile: dict | None, last_verdict: dict | None) -> dict[str, list[str]]:
+    """Stratum -> names of its cases measured unstable (host-bound on a GPU): the last verdict's first (the newest
+    measurement), then the best's profile's (selfcheck cases whose ``stable`` is False). Empty without a GPU."""
+    found: dict[str, list[str]] = {}
+    named = [(u.get("stratum"), u.get("case")) for u in (last_verdict or {}).get("unstable") or []]
+    named += [((c.get("case") or {}).get("stratum"), (c.get("case") or {}).get("name"))
+              for c in (profile or {}).get("cases") or [] if c.get("stable") is False]
+    for stratum, name in named:
+        if stratum in STRATA_N and name not in found.setdefault(stratum, []):
+            found[stratum].append(name)
+    return found
+
+
+def device_bound_moves(tables: list[Table], tier: Table | None, moves: list[Move], profile: dict | None,
+                       space: Space, stratum: str, names: list[str]) -> list[Move]:
+    """The moves of ``moves`` that give each call of the stratum's shapes more GPU time: a knob the space marks
+    ``device_bound``, moved in its direction, in a table that decides some shape of the stratum (or in the new tier,
+    when it is the stratum's), in their order; each hypothesis says why it comes first."""
+    held = [shape for shape in shapes(profile) if shape[0] == stratum]
+    cases = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    found = []
+    for move in moves:
+        if space.device_bound.get(move.knob) != move.direction:
+            continue
+        table = tier if tier is not None and move.table == tier.name else next(t for t in tables
+                                                                               if t.name == move.table)
+        if stratum in table.strata if table is tier else decides(tables, table, move.knob, space, held):
+            found.append(replace(move, reason=(
+                f"the {stratum} cases {cases} are host-bound (GPU time per call below the host cost's margin, so the "
+                f"verifier's dispersion gate fails them): {move.knob} {move.direction} gives each call more GPU time; "
+                + move.reason)))
+    return found
+
+
 class OfflineProposer:
     label = "offline"
 
@@ -291,13 +336,20 @@ class OfflineProposer:
             tables, space = find_tables(source), read_space(source)
         except ProposerError as exc:  # the solution's own tables or space: every later iteration would fail alike
             raise LimitsExceeded(f"the offline search cannot read {solution}: {exc}") from exc
-        tier = new_tier(source, tables, weaker_stratum(context.profile))
+        unstable = unstable_strata(context.profile, context.last_verdict)
+        focus = next(iter(unstable), None) or weaker_stratum(context.profile)  # an unmeasurable stratum scores zero
+        tier = new_tier(source, tables, focus)
         everything = tables + ([tier] if tier else [])
         ledger = tools.read_file(tools.task.ledger)["output"]
-        rows = [parse_row(line) for line in ledger.splitlines() if line.startswith("| v")]
+        rows = [parse_row(line) for line in ledger.splitlines() if ATTEMPT_ROW.match(line)]
         tried = {row.get("sha256") for row in rows} | {_sha(source)}
         broken = failed_moves(rows)
-        singles = single_moves(tables, context.profile, space, tier)
+        singles = single_moves(tables, context.profile, space, tier, focus)
+        first: dict[tuple, Move] = {}
+        for stratum, names in unstable.items():
+            for move in device_bound_moves(tables, tier, singles, context.profile, space, stratum, names):
+                first.setdefault((move.table, move.knob, move.value), move)
+        singles = list(first.values()) + [m for m in singles if (m.table, m.knob, m.value) not in first]
         pairs = sorted(((a, b) for a, b in itertools.combinations(singles, 2) if (a.table, a.knob) != (b.table, b.knob)
                         and not {(m.label or "config", m.knob, str(m.value)) for m in (a, b)} & broken),
                        key=lambda pair: (pair[0].rank[0] + pair[1].rank[0], pair[0].rank[1:], pair[1].rank[1:]))

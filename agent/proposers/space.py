@@ -7,6 +7,7 @@ next to the tables::
         "knobs": {"KNOB": {"values": [...], "reason": "one line", "unmeasured": [...]}, ...},
         "only_when": {"KNOB": [{"OTHER": [values that let KNOB matter], ...}, ...]},
         "refused": [{"when": {"KNOB": [values], ...}, "reason": "..."}],
+        "device_bound": {"KNOB": "up" | "down"},
     }
 
 - ``knobs`` (required, non-empty): the knobs to search, in the order to try them. ``values`` is a non-empty list of
@@ -18,6 +19,10 @@ next to the tables::
   knob matters (is worth moving) only where one alternative holds on the values a shape takes.
 - ``refused`` (optional): combinations that the solution's ``plan()`` refuses, each with its reason; no proposal
   holds one.
+- ``device_bound`` (optional): for a declared knob, the direction along its ``values`` list ("up": toward later
+  values, "down": toward earlier ones) in which each call takes more GPU time without otherwise costing
+  correctness. When cases of a stratum are host-bound (their GPU time does not clear the host cost, so the
+  verifier's dispersion gate fails them), the next move is such a move in the table deciding those shapes.
 
 Conditions name declared knobs or keys of ``get_config()``'s dict. Plain data only, except that int arithmetic
 (``1 << 40``, ``16 * 1024``) is folded first. Anything else raises ``ProposerError`` saying what is wrong and where.
@@ -37,6 +42,7 @@ from dataclasses import dataclass, field
 from agent.exceptions import ProposerError
 
 RANGE_KEYS = ("N_MIN", "N_MAX", "K_MIN", "K_MAX")  # a tier's range is the TIERS protocol, never a knob
+DIRECTIONS = ("up", "down")  # along a knob's declared values: toward later ones, toward earlier ones
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,7 @@ class Space:
     knobs: dict[str, Knob]  # in the order to try
     only_when: dict[str, list[dict[str, list]]] = field(default_factory=dict)
     refused: list[tuple[dict[str, list], str]] = field(default_factory=list)
+    device_bound: dict[str, str] = field(default_factory=dict)  # knob -> "up" or "down" along its values
 
 
 # Triton launch knowledge, for a solution that declares no space; its own switches are for it to declare.
@@ -116,11 +123,12 @@ def read_space(source: str) -> Space:
         return Space({k: LAUNCH_KNOBS.get(k) or Knob(BLOCK_VALUES, BLOCK_REASON.format(k)) for k, v in general.items()
                       if k in LAUNCH_KNOBS or k.startswith("BLOCK_SIZE_") and _int_literal(v)})
     space = _plain_data(node)
-    _dict("", space, ("knobs",), ("only_when", "refused"))
+    _dict("", space, ("knobs",), ("only_when", "refused", "device_bound"))
     knobs = _knobs(space["knobs"])
     names = set(knobs) | set(general)
     only_when = _only_when(space.get("only_when", {}), knobs, names)
-    return Space(knobs, only_when, _refused(space.get("refused", []), names))
+    return Space(knobs, only_when, _refused(space.get("refused", []), names),
+                 _device_bound(space.get("device_bound", {}), knobs))
 
 
 def _int_literal(node: ast.AST) -> bool:
@@ -183,6 +191,18 @@ def _refused(rules: object, names: set[str]) -> list[tuple[dict[str, list], str]
         if not isinstance(rule["reason"], str) or not rule["reason"].strip():
             raise _fail(f"refused[{index}]['reason']", f"must be a non-empty string; got {rule['reason']!r}")
     return [(rule["when"], rule["reason"]) for rule in rules]
+
+
+def _device_bound(directions: object, knobs: dict[str, Knob]) -> dict[str, str]:
+    if not isinstance(directions, dict):
+        raise _fail("device_bound", f'must be a dict {{"KNOB": "up" or "down"}}; got {directions!r}')
+    for name, direction in directions.items():
+        if name not in knobs:
+            raise _fail(f"device_bound[{name!r}]", "names a knob that SEARCH_SPACE['knobs'] does not declare")
+        if direction not in DIRECTIONS:
+            raise _fail(f"device_bound[{name!r}]", f"must be 'up' (toward later values of the knob's list) or 'down' "
+                                                   f"(toward earlier ones); got {direction!r}")
+    return directions
 
 
 def _fail(where: str, what: str) -> ProposerError:

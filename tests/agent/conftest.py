@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.ledger import ATTEMPT_ROW
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 COPIED = ("agent", "evals", "methods", "prompts", "pyproject.toml", ".gitignore")
 IGNORED = shutil.ignore_patterns("__pycache__", ".lock", "*.pyc")
@@ -38,8 +40,8 @@ def make_project(tmp_path: Path) -> Path:
             shutil.rmtree(entry)
     (copy / "methods" / "versions" / "index.jsonl").unlink(missing_ok=True)
     ledger = copy / "methods" / "experiment_log.md"
-    ledger.write_text("".join(line for line in ledger.read_text().splitlines(keepends=True)
-                              if not line.startswith("| v") or line.startswith("| v0 |")))
+    ledger.write_text("".join(line for line in ledger.read_text().splitlines(keepends=True)  # the header stays
+                              if not ATTEMPT_ROW.match(line) or line.startswith("| v0 |")))
     (copy / "workspace").mkdir()
     (copy / "workspace" / ".gitkeep").touch()
     git = ["git", "-c", "user.name=test", "-c", "user.email=test@localhost"]
@@ -75,7 +77,7 @@ def run_agent(project: Path, *args: str, timeout: float = 240, **env: str) -> su
 
 def ledger_rows(project: Path) -> list[str]:
     return [line for line in (project / "methods" / "experiment_log.md").read_text().splitlines()
-            if line.startswith("| v")]
+            if ATTEMPT_ROW.match(line)]
 
 
 def index(project: Path) -> list[dict]:
@@ -85,4 +87,6 @@ def index(project: Path) -> list[dict]:
 
 def runs(project: Path) -> list[dict]:
     runs_dir = project / "workspace" / ".runs"
-    return [json.loads((p / "state.json").read_text()) for p in sorted(runs_dir.iterdir())] if runs_dir.is_dir() else []
+    # a run's directory exists a moment before its first state.json (written whole, by rename)
+    return ([json.loads((p / "state.json").read_text()) for p in sorted(runs_dir.iterdir())
+             if (p / "state.json").is_file()] if runs_dir.is_dir() else [])

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from agent.exceptions import LimitsExceeded, ProposerError
+from agent.exceptions import LimitsExceeded, ProposerError, Submitted
 from agent.ledger import format_row
-from agent.proposers.offline import NOT_MEASURED, find_tables, new_tier, single_moves
+from agent.proposers import IterationContext
+from agent.proposers.offline import NOT_MEASURED, OfflineProposer, find_tables, new_tier, single_moves
 from agent.proposers.space import read_space
 from tests.agent.test_tools import tools  # noqa: F401 (the fixture)
 from tests.agent.test_units import _sha, changes, mark_tried, propose
@@ -180,6 +181,13 @@ MALFORMED = [
     ('"refused": [{"when"', '"refused": [{"if"', r"SEARCH_SPACE refused\[0\] must have the keys \['when', 'reason'\]"),
     ('"TILE_WIBBLE": {"values"', '"N_MIN": {"values"', r"knobs\['N_MIN'\] is not a knob name"),
     ('"values": [1, 2, 3]', '"values": [1, 2, 2]', r"knobs\['FROB_DEPTH'\]\['values'\] repeats a value"),
+    ('"refused": [', '"device_bound": {"ZORP_FACTOR": "up"}, "refused": [',
+     r"device_bound\['ZORP_FACTOR'\] names a knob that SEARCH_SPACE\['knobs'\] does not declare"),
+    ('"refused": [', '"device_bound": {"TILE_WIBBLE": "higher"}, "refused": [',
+     r"device_bound\['TILE_WIBBLE'\] must be 'up' \(toward later values of the knob's list\) or 'down' \(toward "
+     r"earlier ones\); got 'higher'"),
+    ('"refused": [', '"device_bound": ["TILE_WIBBLE"], "refused": [',
+     r"SEARCH_SPACE device_bound must be a dict \{\"KNOB\": \"up\" or \"down\"\}; got \['TILE_WIBBLE'\]"),
 ]
 
 
@@ -225,3 +233,63 @@ def test_what_a_table_decides_follows_the_shapes_as_plan_matches_them():
     only_widest = [c for c in cases if c["case"]["n"] != 8192]  # every balanced case in the widest tier
     assert not [m for m in single_moves(tables, {**balanced, "cases": only_widest}, space, tier)
                 if m.table == tier.name], "a tier no case reaches decides nothing"
+
+
+# the toy space, with the directions in which each call takes more GPU time (made-up knobs, as the rest of the toy)
+DEVICE_BOUND = TOY.replace('    "refused": [', '    "device_bound": {"QUUX_MODE": "up", "TILE_WIBBLE": "down"},\n'
+                           '    "refused": [', 1)
+HOST_BOUND = "24x16384x1536-silu"
+# the best's selfcheck on a GPU: balanced is the weaker stratum, and the expert-batch case (N 1536, which no tier of
+# the toy holds) is host-bound
+BALANCED_WEAKER = {"strata": {"balanced": 0.5, "expert-batch": 1.0},
+                   "cases": [{"case": {"name": "24x8192x8192-silu", "stratum": "balanced", "n": 8192, "k": 8192},
+                              "stable": True},
+                             {"case": {"name": HOST_BOUND, "stratum": "expert-batch", "n": 1536, "k": 16384},
+                              "stable": True}]}
+HOST_BOUND_PROFILE = {**BALANCED_WEAKER, "cases": [BALANCED_WEAKER["cases"][0],
+                                                   {**BALANCED_WEAKER["cases"][1], "stable": False}]}
+LAST_VERDICT = {"stable": f"no (host-bound: {HOST_BOUND})", "keep": False,
+                "unstable": [{"case": HOST_BOUND, "stratum": "expert-batch", "why": "GPU 9.1 us below 1.30x host",
+                              "note": "host-bound"}]}
+DEVICE_BOUND_FIRST = ["new tier N 1..2048 TILE_WIBBLE 32->16", "new tier N 1..2048 QUUX_MODE 0->1",
+                      "TILE_WIBBLE 32->16", "QUUX_MODE 0->1", "new tier N 1..2048 QUUX_MODE 0->2", "QUUX_MODE 0->2"]
+
+
+def propose_after(tools, source: str, profile: dict, last_verdict: dict | None) -> Submitted:  # noqa: F811
+    tools.candidate.joinpath("solution.py").write_text(source)
+    with pytest.raises(Submitted) as submitted:
+        OfflineProposer().iterate(IterationContext(1, {}, profile, last_verdict), tools)
+    mark_tried(tools, tools.candidate.joinpath("solution.py").read_text())
+    return submitted.value
+
+
+def test_device_bound_directions_are_read():
+    assert read_space(DEVICE_BOUND).device_bound == {"QUUX_MODE": "up", "TILE_WIBBLE": "down"}
+    assert SPACE.device_bound == {}
+
+
+@pytest.mark.parametrize("profile, last_verdict", [(BALANCED_WEAKER, LAST_VERDICT), (HOST_BOUND_PROFILE, None)],
+                         ids=["the last verdict", "the best's profile"])
+def test_host_bound_cases_make_the_device_bound_moves_of_their_stratum_come_first(tools, profile,  # noqa: F811
+                                                                                  last_verdict):
+    """Cases of a stratum found host-bound (by the last attempt's verdict, or in the best's own selfcheck) make that
+    stratum the focus: its device-bound moves come first, nearest first, in the tables deciding its shapes (a new
+    tier for it before the general table, which serves the other stratum too; TIERS[0] holds no such shape), each
+    saying why; never a move the other way (TILE_WIBBLE up, QUUX_MODE down)."""
+    first = [propose_after(tools, DEVICE_BOUND, profile, last_verdict) for _ in DEVICE_BOUND_FIRST]
+    assert [s.summary for s in first] == DEVICE_BOUND_FIRST
+    assert all(s.hypothesis.startswith(f"the expert-batch cases {HOST_BOUND} are host-bound (GPU time per call below "
+                                       "the host cost's margin, so the verifier's dispersion gate fails them): ")
+               for s in first)
+    assert "TILE_WIBBLE down gives each call more GPU time; wibblier tiles frob fewer quuxes" in first[0].hypothesis
+    # once they are all in the ledger the search goes on as ever, the host-bound stratum still its focus
+    after = propose_after(tools, DEVICE_BOUND, profile, last_verdict)
+    assert after.summary not in DEVICE_BOUND_FIRST and "host-bound" not in after.hypothesis
+
+
+def test_without_host_bound_cases_device_bound_changes_nothing(tools):  # noqa: F811
+    with_directions = [propose_after(tools, DEVICE_BOUND, BALANCED_WEAKER, {"stable": "yes", "unstable": []}).summary
+                       for _ in range(4)]
+    tools.task.ledger_path.write_text(tools.task.ledger_path.read_text().split("| v9 |")[0])
+    without = [propose_after(tools, TOY, BALANCED_WEAKER, None).summary for _ in range(4)]
+    assert with_directions == without and with_directions[0] == "new tier N 4096..1<<40 TILE_WIBBLE 32->64"

@@ -1,0 +1,107 @@
+"""Stability: whether the verifier could time a candidate at all.
+
+The verifier fails a case when any role's 11 timed group times spread over max/min 1.15, and one failed case makes
+the whole verdict invalid (scored zero). A candidate whose GPU time per call does not clear its host cost per call by
+a margin is host-bound: on a noisy host its groups spread over that limit. Two evaluator reports say so, both only on
+a GPU: the selfcheck's host-bound probe per case (cheap, every attempt: ``stable``, ``gpu_us``, ``host_us``) and the
+qualification under the verifier's own candidate schedule (timed, only for a candidate about to be kept).
+
+Pure functions of those JSON reports (agent/ never imports evals/), so the rule is testable without a GPU.
+"""
+from __future__ import annotations
+
+LIMIT = 1.15  # the verifier's max/min limit, as a qualification report that does not give its own "limit" uses
+
+
+def _num(value: object, fmt: str) -> str:
+    return "?" if not isinstance(value, (int, float)) else format(value, fmt)
+
+
+def _host_bound(selfcheck: dict | None) -> list[dict]:
+    """The selfcheck's cases measured unstable (``stable`` False, or named in ``stability.unstable_cases``)."""
+    report = selfcheck or {}
+    cases = report.get("cases") or []
+    named = set((report.get("stability") or {}).get("unstable_cases") or [])
+    ratio = (report.get("stability") or {}).get("ratio_min")
+    found = []
+    for case in cases:
+        name = (case.get("case") or {}).get("name")
+        if case.get("stable") is False or name in named:
+            gpu, host = case.get("gpu_us"), case.get("host_us")
+            measured = all(isinstance(v, (int, float)) for v in (gpu, host, ratio))
+            why = (f"GPU {gpu:.1f} us below {ratio:.2f}x host {host:.1f} us" if measured
+                   else case.get("stable_note") or "host-bound")
+            found.append({"case": name, "stratum": (case.get("case") or {}).get("stratum"), "why": why,
+                          "note": case.get("stable_note") or why})
+    return found
+
+
+def _over_limit(qualify: dict | None) -> list[dict]:
+    """The qualification's cases with a vector over the limit, each with its worst vector's schedule."""
+    limit = (qualify or {}).get("limit") or LIMIT
+    found = []
+    for row in (qualify or {}).get("rows") or []:
+        vectors = [v for v in row.get("vectors") or [] if isinstance(v.get("max_min"), (int, float))]
+        worst = max(vectors, key=lambda v: v["max_min"], default=None)
+        if worst is None or worst["max_min"] <= limit:
+            continue
+        why = f"{worst.get('schedule', '?')} max/min {worst['max_min']:.3f} > {limit:.2f}"
+        found.append({"case": row.get("case"), "stratum": row.get("stratum"), "why": why,
+                      "note": f"under the verifier's schedule: {why}"})
+    return found
+
+
+def unstable_cases(selfcheck: dict | None, qualify: dict | None) -> list[dict]:
+    """Each case a report measured unstable, as ``{"case", "stratum", "why", "note"}``: ``why`` is short (a ledger
+    decision quotes it), ``note`` the evaluator's own words. The selfcheck's host-bound cases when it found any (the
+    qualification does not run then), else the qualification's cases over the limit."""
+    return _host_bound(selfcheck) or _over_limit(qualify)
+
+
+def stability_block(selfcheck: dict | None, qualify: dict | None) -> tuple[bool, str, str]:
+    """Whether a candidate may be kept as far as stability goes, its ledger cell and the reason: ``(ok, cell, note)``.
+
+    ``selfcheck`` is a GPU selfcheck report (per case ``stable``, ``gpu_us``, ``host_us``, ``stable_note``; top-level
+    ``stability``); ``qualify`` the qualification report, None when it did not run (a candidate that would not be
+    kept), ``{"measured": False, "note": ...}`` when it ran and measured nothing. Call it only for GPU runs: under the
+    interpreter nothing is measured and the cell is "-".
+
+    - a case the selfcheck found host-bound: ``(False, "no (host-bound: CASE)", "host-bound on the GPU, ...: CASE:
+      its stable_note")``;
+    - a qualification vector over the limit: ``(False, "no (CASE SCHEDULE max/min X)", "unstable under the
+      verifier's schedule: CASE SCHEDULE max/min X > 1.15")``;
+    - a qualification that measured nothing, or failed with no vector over the limit (a child that crashed):
+      ``(False, "-", "not qualified: ...")`` (a keep needs its pass);
+    - a qualification that passed, or no qualification and a selfcheck that found every case stable: ``(True, "yes",
+      "")``; nothing measured: ``(True, "-", "")``.
+    """
+    stability = (selfcheck or {}).get("stability") or {}
+    host_bound = _host_bound(selfcheck)
+    if host_bound or stability.get("stable") is False:
+        named = host_bound[0]["case"] if len(host_bound) == 1 else f"{len(host_bound)} cases"
+        why = "; ".join(f"{u['case']}: {u['note']}" for u in host_bound) or stability.get("note") or "no case named"
+        return (False, f"no (host-bound: {named})" if host_bound else "no (host-bound)",
+                f"host-bound on the GPU, which the verifier's max/min {LIMIT} gate fails on a noisy host: {why}")
+    if qualify is not None:
+        if not qualify.get("measured"):
+            return False, "-", "not qualified: " + (qualify.get("note") or "the qualification measured nothing")
+        if qualification_failed(qualify):
+            worst = qualify.get("worst") or {}
+            spread = _num(worst.get("max_min"), ".3f")
+            where = f"{worst.get('case', '?')} {worst.get('schedule', '?')}"
+            return (False, f"no ({where} max/min {spread})",
+                    f"unstable under the verifier's schedule: {where} max/min {spread} > "
+                    f"{qualify.get('limit') or LIMIT:.2f}")
+        if not qualify.get("passed"):
+            errors = list(qualify.get("failures") or []) + [e for r in qualify.get("rows") or []
+                                                            for e in r.get("errors") or []]
+            return False, "-", "not qualified: " + ("; ".join(errors)[:600] or "it did not pass, and no vector is over "
+                                                    "the limit")
+        return True, "yes", ""
+    return True, "yes" if stability.get("stable") is True else "-", ""
+
+
+def qualification_failed(report: dict | None) -> bool:
+    """Whether a qualification report measured the candidate and found a vector over the limit: an answer about the
+    candidate (it cannot be kept), not a stage that failed to run (a child that crashed times nothing)."""
+    return bool(report and report.get("measured") and report.get("passed") is False and _over_limit(report))

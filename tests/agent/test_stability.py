@@ -1,0 +1,245 @@
+"""The loop keeps only what the verifier would accept: a candidate the verifier could not time (a case host-bound in
+the selfcheck, or a vector over max/min 1.15 under the verifier's schedule) is never kept, and without CUDA the
+qualification never runs and nothing claims stability.
+
+This machine has no GPU. The CUDA branch runs the real ``Evaluator.evaluate`` with ``cuda=True`` on stand-in
+evaluator commands (real subprocesses that write the JSON the task's selfcheck and qualification write on a GPU);
+``stability_block`` and ``decision`` are also checked as pure functions on crafted reports.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent.config import Task
+from agent.evaluate import Evaluator
+from agent.ledger import COLUMNS, format_row, parse_row, rows
+from agent.loop import decision
+from agent.stability import stability_block, unstable_cases
+from agent.tools import profile_text
+from tests.conftest import ROOT
+
+HOST_BOUND_NOTE = "host-bound: GPU 9.1 us per call is below 1.30 x the host cost 11.2 us"
+# A stand-in selfcheck: per-case speedups and a score from the solution's numbers.json ("versus_v0" or, with
+# --baseline, "versus_best"); the cases named in "host_bound" measured host-bound, the others stable, as on a GPU.
+SELFCHECK = f"""
+import json, sys
+from pathlib import Path
+args = sys.argv[1:]
+numbers = json.loads((Path(args[args.index('--solution') + 1]) / 'numbers.json').read_text())
+part = numbers['versus_best' if '--baseline' in args else 'versus_v0']
+slow = numbers.get('host_bound', [])
+cases = [{{'case': {{'name': f'c{{i}}', 'stratum': stratum}}, 'correct': True, 'speedup': s, 'median_us': 10.0,
+          'times_us': [10.0, 10.05], 'host_us': 11.2, 'gpu_us': 9.1 if f'c{{i}}' in slow else 30.0,
+          'stable': f'c{{i}}' not in slow, 'stable_note': {HOST_BOUND_NOTE!r} if f'c{{i}}' in slow else 'stable'}}
+         for i, (stratum, s) in enumerate(part['speedups'])]
+stability = {{'measured': True, 'ratio_min': 1.3, 'stable': not slow, 'unstable_cases': slow, 'note': ''}}
+report = {{'cases': cases, 'score': part['score'], 'all_correct': True, 'strata': {{}}, 'stability': stability}}
+Path(args[args.index('--json') + 1]).write_text(json.dumps(report))
+"""
+# A stand-in qualification: case c1's one vector has the spread numbers.json names; every call is logged in the
+# solution directory, so a test can tell whether (and with which arguments) it ran.
+QUALIFY = """
+import json, sys
+from pathlib import Path
+args = sys.argv[1:]
+solution = Path(args[args.index('--solution') + 1])
+with open(solution / 'qualify.calls', 'a') as log:
+    log.write(' '.join(args) + '\\n')
+spread = json.loads((solution / 'numbers.json').read_text()).get('qualify_max_min', 1.04)
+passed = spread <= 1.15
+vector = {'schedule': 'spec', 'repeat': 0, 'times_us': [12.0] * 11, 'max_min': spread}
+row = {'case': 'c1', 'stratum': 'expert-batch', 'overrides': {}, 'host_us': 11.2, 'gpu_us': 16.0, 'ratio': 1.43,
+       'vectors': [vector], 'worst_max_min': spread, 'passed': passed}
+report = {'passed': passed, 'limit': 1.15, 'worst': {'case': 'c1', 'schedule': 'spec', 'max_min': spread},
+          'rows': [row], 'measured': True, 'note': ''}
+Path(args[args.index('--json') + 1]).write_text(json.dumps(report))
+sys.exit(0 if passed else 1)
+"""
+PASS = "import json, sys; json.dump({'ok': True, 'cases': []}, open(sys.argv[sys.argv.index('--json') + 1], 'w'))"
+
+
+def evaluator(tmp_path: Path, cuda: bool) -> Evaluator:
+    task = Task(root=ROOT, policy_cmd=("-c", PASS), selfcheck_cmd=("-c", SELFCHECK), residency_cmd=("-c", PASS),
+                gates_cmd=("-c", PASS))
+    task.qualify_cmd = ("-c", QUALIFY) + Task(root=ROOT).qualify_cmd[2:]  # the default's arguments
+    return Evaluator(task, "smoke", cuda, tmp_path / "work")
+
+
+def solution(tmp_path: Path, name: str, versus_v0: float, versus_best: float, **numbers) -> Path:
+    directory = tmp_path / name
+    directory.mkdir()
+    (directory / "solution.py").write_text("def build(qweight, scales, bias, epilogue):\n    pass\n")
+    speedups = [("balanced", versus_v0), ("expert-batch", versus_v0)]
+    (directory / "numbers.json").write_text(json.dumps({
+        "versus_v0": {"score": versus_v0, "speedups": speedups},
+        "versus_best": {"score": versus_best, "speedups": [(s, versus_best) for s, _ in speedups]}, **numbers}))
+    return directory
+
+
+def qualify_calls(directory: Path) -> list[str]:
+    path = directory / "qualify.calls"
+    return path.read_text().splitlines() if path.is_file() else []
+
+
+def test_a_host_bound_case_blocks_the_keep_before_anything_slow_runs(tmp_path: Path):
+    best = solution(tmp_path, "best", 1.0, 1.0)
+    fast = solution(tmp_path, "fast", 1.42, 1.5, host_bound=["c1"])  # faster, but c1 is host-bound
+    verdict = evaluator(tmp_path, cuda=True).evaluate(fast, best, best_is_baseline=False, full_check=False,
+                                                      best_score=1.0)
+    # not timed against the best, not qualified, no residency or gates: it cannot be kept whatever they say
+    assert [s["name"] for s in verdict["stages"]] == ["policy", "selfcheck"] and not qualify_calls(fast)
+    assert verdict["valid"] and not verdict["keep"] and verdict["failed_stage"] is None
+    assert verdict["stable"] == "no (host-bound: c1)"
+    assert verdict["unstable"] == [{"case": "c1", "stratum": "expert-batch", "why": "GPU 9.1 us below 1.30x host "
+                                    "11.2 us", "note": HOST_BOUND_NOTE}]
+    assert f"c1: {HOST_BOUND_NOTE}" in verdict["note"]  # which case and the evaluator's own why
+    assert decision(verdict) == "revert (unstable: c1 GPU 9.1 us below 1.30x host 11.2 us; ~1.420x best)"
+
+
+def test_a_keeper_is_qualified_alone_then_checked_and_kept_when_every_vector_passes(tmp_path: Path):
+    best = solution(tmp_path, "best", 1.0, 1.0)
+    fast = solution(tmp_path, "fast", 1.4, 1.4, qualify_max_min=1.04)
+    verdict = evaluator(tmp_path, cuda=True).evaluate(fast, best, best_is_baseline=False, full_check=False,
+                                                      best_score=1.0)
+    names = [s["name"] for s in verdict["stages"]]
+    # the qualification times: it runs alone, after the comparison and before the untimed pair
+    assert names[:4] == ["policy", "selfcheck", "versus_best", "qualify"] and set(names[4:]) == {"residency", "gates"}
+    assert qualify_calls(fast) == [f"--repeats 1 --schedules spec --solution {fast} --panel smoke --json "
+                                   f"{tmp_path / 'work' / 'qualify.json'}"]
+    assert verdict["keep"] and verdict["stable"] == "yes" and verdict["unstable"] == []
+    assert decision(verdict).startswith("keep (1.400x best")
+
+
+def test_a_keeper_over_the_limit_under_the_verifiers_schedule_is_not_kept(tmp_path: Path):
+    best = solution(tmp_path, "best", 1.0, 1.0)
+    fast = solution(tmp_path, "fast", 1.42, 1.42, qualify_max_min=1.21)
+    verdict = evaluator(tmp_path, cuda=True).evaluate(fast, best, best_is_baseline=False, full_check=False,
+                                                      best_score=1.0)
+    assert [s["name"] for s in verdict["stages"]] == ["policy", "selfcheck", "versus_best", "qualify"]
+    qualify = verdict["stages"][-1]
+    assert not qualify["ok"]
+    assert qualify["note"] == "unstable under the verifier's schedule: c1 spec max/min 1.210 > 1.15"
+    # an answer about the candidate, not a stage that failed to run: the verdict is valid and says why it is not kept
+    assert verdict["valid"] and verdict["failed_stage"] is None and not verdict["keep"]
+    assert verdict["stable"] == "no (c1 spec max/min 1.210)"
+    assert "qualify: unstable under the verifier's schedule: c1 spec max/min 1.210 > 1.15" in verdict["note"]
+    assert decision(verdict) == "revert (unstable: c1 spec max/min 1.210 > 1.15; 1.420x best)"
+
+
+def test_a_qualification_that_cannot_run_fails_the_keeper(tmp_path: Path):
+    best = solution(tmp_path, "best", 1.0, 1.0)
+    fast = solution(tmp_path, "fast", 1.4, 1.4)
+    judge = evaluator(tmp_path, cuda=True)
+    judge.task.qualify_cmd = ("-m", "evals.no_such_qualify")
+    verdict = judge.evaluate(fast, best, best_is_baseline=False, full_check=False, best_score=1.0)
+    assert verdict["failed_stage"] == "qualify" and not verdict["valid"] and not verdict["keep"]
+    assert verdict["stable"] == "-" and "the qualification did not run" in verdict["note"]
+    assert decision(verdict).startswith("revert: qualify the qualification did not run")
+
+
+def test_a_slower_candidate_is_never_qualified(tmp_path: Path):
+    """Iterations stay fast: only a candidate about to be kept pays for the qualification."""
+    best = solution(tmp_path, "best", 1.0, 1.0)
+    slow = solution(tmp_path, "slow", 0.99, 0.99)
+    verdict = evaluator(tmp_path, cuda=True).evaluate(slow, best, best_is_baseline=False, full_check=False,
+                                                      best_score=1.0)
+    assert [s["name"] for s in verdict["stages"]] == ["policy", "selfcheck", "versus_best"] and not qualify_calls(slow)
+    assert not verdict["keep"] and verdict["stable"] == "yes"  # the selfcheck measured every case stable
+
+
+def test_without_cuda_nothing_is_qualified_and_nothing_claims_stability(tmp_path: Path):
+    """Under the interpreter the agent never calls the qualification and ignores stability fields, whatever a
+    report says: interpreter timings measure nothing about the GPU."""
+    best = solution(tmp_path, "best", 1.0, 1.0)
+    fast = solution(tmp_path, "fast", 1.4, 1.4, host_bound=["c1"], qualify_max_min=1.5)
+    verdict = evaluator(tmp_path, cuda=False).evaluate(fast, best, best_is_baseline=False, full_check=True,
+                                                       best_score=1.0)
+    assert "qualify" not in [s["name"] for s in verdict["stages"]] and not qualify_calls(fast)
+    assert verdict["keep"] and verdict["stable"] == "-" and verdict["unstable"] == []
+    assert "stab" not in decision(verdict) and "stab" not in verdict["note"]
+
+
+def gpu_report(*cases: tuple[str, str, bool | None, float | None]) -> dict:
+    """A selfcheck report as a GPU run writes it: (name, stratum, stable, gpu_us) per case, host cost 11.2 us."""
+    listed = [{"case": {"name": name, "stratum": stratum}, "stable": stable, "gpu_us": gpu, "host_us": 11.2,
+               "stable_note": HOST_BOUND_NOTE if stable is False else "ok"} for name, stratum, stable, gpu in cases]
+    measured = [c for c in cases if c[2] is not None]
+    return {"cases": listed, "stability": {"measured": bool(measured), "ratio_min": 1.3,
+                                           "stable": all(c[2] for c in measured) if measured else None,
+                                           "unstable_cases": [c[0] for c in measured if not c[2]], "note": ""}}
+
+
+def test_stability_block_on_crafted_reports():
+    """The rule as a pure function of the two reports (what a GPU would write; none exists here)."""
+    stable = gpu_report(("a", "balanced", True, 40.0), ("b", "expert-batch", True, 20.0))
+    assert stability_block(stable, None) == (True, "yes", "")
+    assert stability_block(gpu_report(("a", "balanced", None, None)), None) == (True, "-", "")
+    assert stability_block(None, None) == (True, "-", "")
+    one = gpu_report(("a", "balanced", True, 40.0), ("b", "expert-batch", False, 9.1))
+    ok, cell, note = stability_block(one, None)
+    assert not ok and cell == "no (host-bound: b)" and note.endswith(f"b: {HOST_BOUND_NOTE}")
+    two = gpu_report(("a", "expert-batch", False, 9.1), ("b", "expert-batch", False, 9.1))
+    assert stability_block(two, {"measured": True, "passed": True})[:2] == (False, "no (host-bound: 2 cases)")
+    # a report whose top-level stability says unstable without naming a case still blocks
+    vague = {"cases": [], "stability": {"measured": True, "stable": False, "unstable_cases": [], "note": "why"}}
+    assert stability_block(vague, None) == (False, "no (host-bound)", stability_block(vague, None)[2])
+    passed = {"measured": True, "passed": True, "limit": 1.15, "failures": [],
+              "worst": {"case": "a", "schedule": "spec", "max_min": 1.04},
+              "rows": [qualified_row("a", "balanced", 1.04, 1.02), qualified_row("b", "expert-batch", 1.01)]}
+    assert stability_block(stable, passed) == (True, "yes", "")
+    assert stability_block(None, passed) == (True, "yes", "")
+    failed = {**passed, "passed": False, "worst": {"case": "b", "schedule": "spec-unpinned", "max_min": 1.3},
+              "rows": [passed["rows"][0], qualified_row("b", "expert-batch", 1.05, 1.3)]}
+    assert stability_block(stable, failed) == (
+        False, "no (b spec-unpinned max/min 1.300)",
+        "unstable under the verifier's schedule: b spec-unpinned max/min 1.300 > 1.15")
+    why = "spec-unpinned max/min 1.300 > 1.15"
+    assert unstable_cases(None, failed) == [{"case": "b", "stratum": "expert-batch", "why": why,
+                                             "note": f"under the verifier's schedule: {why}"}]
+    assert unstable_cases(one, failed)[0]["case"] == "b" and unstable_cases(one, failed)[0]["why"].startswith("GPU")
+    # a qualification that could not time (a child that crashed) blocks the keep without calling the candidate unstable
+    crashed = {**passed, "passed": False, "failures": ["the spec child failed: exit status 1: boom"]}
+    assert stability_block(stable, crashed) == (False, "-", "not qualified: the spec child failed: exit status 1: boom")
+    assert stability_block(stable, {"measured": False, "note": "no CUDA"}) == (False, "-", "not qualified: no CUDA")
+
+
+def qualified_row(case: str, stratum: str, *spreads: float) -> dict:
+    """A qualification row: one vector per spread, under spec then spec-unpinned."""
+    vectors = [{"schedule": schedule, "repeat": 0, "times_us": [], "max_min": spread}
+               for schedule, spread in zip(("spec", "spec-unpinned"), spreads)]
+    return {"case": case, "stratum": stratum, "overrides": {}, "vectors": vectors, "errors": [],
+            "worst_max_min": max(spreads), "passed": max(spreads) <= 1.15}
+
+
+def test_decision_names_the_unstable_cases_and_the_speedup():
+    verdict = {"keep": False, "valid": True, "gpu_timing": True, "speedup_over_best": 1.42, "noise": 0.01,
+               "stable": "no (host-bound: 24x16384x1536-silu)", "stability_note": "host-bound ...",
+               "unstable": [{"case": "24x16384x1536-silu", "stratum": "expert-batch",
+                             "why": "GPU 9.1 us below 1.30x host 11.2 us"}], "stages": []}
+    assert decision(verdict) == "revert (unstable: 24x16384x1536-silu GPU 9.1 us below 1.30x host 11.2 us; 1.420x best)"
+    assert decision({**verdict, "stable": "yes"}) == "revert (1.420x best, noise 0.010)"
+
+
+def test_the_ledger_has_a_stable_cell_and_rows_without_it_still_read(project: Path):
+    assert COLUMNS[-2:] == ("sha256", "stable")
+    row = format_row({"version": "v7", "decision": "keep (1.2x best, noise 0.01)", "sha256": "ab", "stable": "yes"})
+    assert row.endswith("| ab | yes |") and parse_row(row)["stable"] == "yes"
+    old = "| v3 | t | r | offline | v1 | s | yes | ok | 1.000 | 1.000 | 1.000 | keep (1.1x best, noise 0.01) | cd |"
+    parsed = parse_row(old)
+    assert parsed["sha256"] == "cd" and parsed["stable"] == "-" and list(parsed) == list(COLUMNS)
+    # the real ledger: its header names every column, and every row (written with 13 cells or 14) reads whole
+    ledger = (project / "methods" / "experiment_log.md").read_text().splitlines()
+    header = next(line for line in ledger if line.startswith("| version |"))
+    assert header == format_row(dict(zip(COLUMNS, COLUMNS)))
+    assert ledger[ledger.index(header) + 1] == "|" + "---|" * len(COLUMNS)
+    assert all(len(parse_row(line)) == len(COLUMNS) for line in rows(Task(root=project)))
+
+
+@pytest.mark.parametrize("stable, shown", [(False, "NO"), (True, "yes"), (None, "-")])
+def test_the_profile_the_prompt_shows_says_which_cases_are_host_bound(stable, shown):
+    report = gpu_report(("24x16384x1536-silu", "expert-batch", stable, 9.1))
+    text = profile_text({**report, "strata": {}})
+    assert text.splitlines()[1].split()[-1] == shown and ("host-bound (" in text) == (stable is False)
