@@ -234,9 +234,15 @@ def format_rows(report: dict) -> str:
 # ----------------------------------------------------------------------------------------------------- calibration
 def curve(entries: list[dict]) -> dict:
     """Worst max/min per GPU/host ratio bin, and the threshold: the smallest measured ratio at and above which every
-    vector stayed within MARGIN. None when no ratio qualifies (then nothing above the data is known to be stable)."""
+    vector stayed within MARGIN. None when no ratio qualifies (then nothing above the data is known to be stable).
+
+    Where synthetic points are among the entries, they alone set the threshold: their GPU time is a spin, so their
+    spread comes from the host alone, which is what the ratio can cure; a real plan also spreads for reasons of its
+    own (a stalled group of a weight stream). Real plans' vectors over the margin at or above the threshold are
+    listed as ``outliers``: spread the ratio does not explain."""
     points = sorted((e["ratio"], v["max_min"], e["case"], v["schedule"]) for e in entries if e.get("ratio")
                     for v in e["vectors"])
+    synthetic = {e["case"] for e in entries if e.get("stratum") == "synthetic"}
     bins = []
     for low, high in zip(RATIO_BINS, RATIO_BINS[1:]):
         inside = [p for p in points if low <= p[0] < high]
@@ -245,13 +251,18 @@ def curve(entries: list[dict]) -> dict:
                          "worst_max_min": max(p[1] for p in inside),
                          "over_margin": sum(p[1] > MARGIN for p in inside),
                          "over_limit": sum(p[1] > LIMIT for p in inside)})
+    calibrating = [p for p in points if p[2] in synthetic] if synthetic else points
     threshold = None
-    for i in range(len(points) - 1, -1, -1):  # walk down from the largest ratio while every vector above holds
-        if points[i][1] > MARGIN:
+    for i in range(len(calibrating) - 1, -1, -1):  # walk down from the largest ratio while every vector above holds
+        if calibrating[i][1] > MARGIN:
             break
-        threshold = points[i][0]
+        threshold = calibrating[i][0]
+    above = [p for p in points if threshold is not None and p[0] >= threshold]
     return {"points": len(points), "bins": bins, "threshold": threshold, "margin": MARGIN,
-            "worst_above_threshold": max((p[1] for p in points if threshold and p[0] >= threshold), default=None)}
+            "calibrated_on": "synthetic" if synthetic else "all",
+            "worst_above_threshold": max((p[1] for p in above), default=None),
+            "outliers": [{"case": p[2], "schedule": p[3], "ratio": p[0], "max_min": p[1]} for p in above
+                         if p[1] > MARGIN]}
 
 
 def format_curve(found: dict) -> str:
@@ -262,7 +273,9 @@ def format_curve(found: dict) -> str:
                      f"{b['over_margin']} | {b['over_limit']} |")
     t = found["threshold"]
     lines.append(f"threshold: {'none (no ratio kept every vector within 1.10)' if t is None else f'{t:.2f}'}"
-                 f" over {found['points']} vectors")
+                 f" ({found['calibrated_on']} points; {found['points']} vectors in all)")
+    lines += [f"over {MARGIN} above the threshold: {o['case']} {o['schedule']} max/min {o['max_min']:.3f} at ratio "
+              f"{o['ratio']:.2f}" for o in found["outliers"]]
     return "\n".join(lines)
 
 

@@ -93,8 +93,14 @@ def test_the_threshold_is_the_least_ratio_above_which_every_vector_held_the_marg
     bins = {(b["ratio_from"], b["ratio_to"]): b for b in found["bins"]}
     assert bins[(0.8, 1.0)]["over_margin"] == 1 and bins[(0.8, 1.0)]["over_limit"] == 0
     assert bins[(0.0, 0.8)]["over_limit"] == 1
-    assert "threshold: 1.05" in qualify.format_curve(found)
+    assert "threshold: 1.05 (all points" in qualify.format_curve(found) and not found["outliers"]
     assert qualify.curve([_entry(3.0, 1.2)])["threshold"] is None  # nothing above the data is known to be stable
+    # synthetic points (a spin: host noise alone) set the threshold; a real plan's stall above it is an outlier
+    spins = [_entry(0.9, 1.3) | {"stratum": "synthetic"}, _entry(1.1, 1.02) | {"stratum": "synthetic"}]
+    found = qualify.curve(spins + [_entry(4.0, 1.01, 1.18)])
+    assert found["threshold"] == 1.1 and found["calibrated_on"] == "synthetic"
+    assert found["outliers"] == [{"case": "r4.0", "schedule": "spec", "ratio": 4.0, "max_min": 1.18}]
+    assert "over 1.1 above the threshold: r4.0 spec max/min 1.180" in qualify.format_curve(found)
 
 
 @pytest.mark.gpu

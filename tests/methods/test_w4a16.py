@@ -162,6 +162,20 @@ def test_unseen_shapes_get_device_bound_plans_by_the_rule_not_by_a_table():
     assert S.plan(20, 8192, 1024, {"SPLIT_K": 8})["SPLIT_K"] == 8  # a fixed split is taken as given
 
 
+def test_the_model_never_predicts_more_gpu_time_than_the_h200_measured():
+    """The device-bound floor is only as safe as its model: a prediction above the real GPU time would call a
+    host-bound plan device-bound. Every plan of the committed split-count sweep (back-to-back GPU time per call, hot
+    L2: the shortest these plans run) is predicted within 5% of, or below, what the H200 measured."""
+    sweep = json.loads((ROOT / "reports" / "examples" / "h200-stability" / "sweep-splits.json").read_text())
+    rows = [r for r in sweep["timed"] if r.get("gpu_us") and "LAUNCH" not in r["overrides"]]
+    assert len(rows) >= 80
+    for row in rows:
+        m, k, n = (int(v) for v in row["case"].split("-")[0].split("x"))
+        cfg = S.plan(m, k, n, row["overrides"] | {"DEVICE_BOUND_US": 0})
+        assert cfg["SPLIT_K"] == row["plan"]["SPLIT_K"], row  # the plan the sweep timed
+        assert cfg["PREDICTED_US"] <= 1.05 * row["gpu_us"], (row["case"], row["overrides"], cfg["PREDICTED_US"])
+
+
 def test_tables_and_search_space_are_plain_literals_that_agree_with_plan():
     """The offline proposer reads get_config, TIERS and SEARCH_SPACE without importing the file: each must be a
     literal; every value the space offers must be one plan() accepts, and every refused combination refused."""
