@@ -113,10 +113,13 @@ def run_schedule(fn, pool: list[tuple], s: Schedule, device: torch.device, befor
     inputs = [pool[i % len(pool)] for i in range(s.calls_per_group)]  # distinct within a group
     hook = before_group
     if s.pin == "thread" and device.type == "cuda":
+        if cores is None:  # the process's cores now, before the first group narrows the timing thread's
+            cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+
         def hook(group):  # threads the last group started are moved too
             if before_group is not None:
                 before_group(group)
-            core = isolate_timing_thread(cores if cores is not None else os.sched_getaffinity(0))
+            core = isolate_timing_thread(cores)
             if pinned is not None:
                 pinned.append(core)
     return kh.time_groups(fn, inputs, s.groups, len(inputs), before_group=hook, keep=keep)
@@ -299,6 +302,7 @@ class Role:
         self.stage = "timing schedule"
 
         def primed_check(primed: list) -> None:
+            self.calls += len(primed)
             self.validate_phase("primed", primed, [(0, len(primed), self.refs)])
             ends = (list(range(min(KEPT_PRIMED // 2, len(primed))))
                     + list(range(max(KEPT_PRIMED // 2, len(primed) - KEPT_PRIMED // 2), len(primed))))
@@ -310,7 +314,7 @@ class Role:
         times = run_schedule(self.fn, pool, s, device, self.refill, primed_check, timed, self.cores, pinned)
         if pinned:
             self.record["pinned_core"] = pinned[-1]
-        self.calls += s.prime_outputs + s.untimed_calls + len(timed)
+        self.calls += s.untimed_calls + len(timed)
         self.record["times_us"] = times
         self.record["median_us"] = median = kh.median(times)
         per = s.calls_per_group  # each group's inputs drawn again from their seed: the oracle of one group at a time

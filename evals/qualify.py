@@ -8,12 +8,15 @@
 Per plan (each override dict of ``--grid``, ``{}`` being the solution's own plan) and case: the host cost and the
 GPU time per call (evals/stability.py's probe) and their ratio, then the candidate role's 11 timed group times under
 the verifier's exact schedule (evals/gates.run_schedule: reset, 16,384 primed outputs released, the heater, 8,192
-untimed calls, 11 groups of 512 with the pool rewritten before each), ``--repeats`` times under each pinning schedule
+untimed calls, 11 groups of 512 with the pool rewritten before each and every timed output held until the groups
+end), ``--repeats`` times under each pinning schedule
 (``spec`` pins the process to one core as the verifier does; ``spec-unpinned``; ``spec-thread-pinned``). A vector's
-max/min over 1.15 is what fails a verifier case. One child process per schedule times everything, one schedule after
-another (candidate code never runs in this process); the gates (correctness, residency) are the verifier's and are not
-repeated here. ``--synthetic`` qualifies a callable with a known GPU time instead: ``torch.empty`` and one kernel
-spinning T microseconds, the calibration's controlled points.
+max/min over 1.15 is what fails a verifier case. One child process per schedule times every case and plan in turn,
+one schedule after another (candidate code never runs in this process), where the verifier starts a fresh process per
+role and case and runs the gates first; the gates (correctness, residency) are the verifier's and are not repeated
+here. Without CUDA the schedule runs under the interpreter and nothing is qualified (exit 1). ``--synthetic``
+qualifies a callable with a known GPU time instead: ``torch.empty`` and one kernel spinning T microseconds, the
+calibration's controlled points.
 
 ``--curve`` reads qualification JSONs and prints the worst max/min by GPU/host ratio, and the calibrated threshold:
 the smallest ratio at and above which every vector stayed within 1.10 (a margin under the gate). evals/stability.py's
@@ -96,7 +99,9 @@ def time_solution(solution: Path, panel: str, grid: list[dict], schedule, device
                 fn = module.build(weights.qweight, weights.scales, weights.bias, case.epilogue, **extra)
                 row.update(stability.probe(fn, pool, device))
                 for repeat in range(repeats):
-                    times = gates.run_schedule(fn, pool, schedule, device, refill, cores=cores)
+                    kept: list = []  # every timed output held to the end of its groups, as the verifier's roles do
+                    times = gates.run_schedule(fn, pool, schedule, device, refill, keep=kept, cores=cores)
+                    del kept
                     row["vectors"].append({"repeat": repeat, "times_us": times, "max_min": max(times) / min(times)})
                 del fn
             except CANDIDATE_ERRORS as exc:  # the pair failed to build or run: a row with its error
@@ -140,7 +145,9 @@ def time_synthetic(spin_us: float, schedule, device, repeats: int, cores) -> dic
            "vectors": []}
     row.update(stability.probe(fn, pool, device))
     for repeat in range(repeats):
-        times = gates.run_schedule(fn, pool, schedule, device, cores=cores)
+        kept: list = []
+        times = gates.run_schedule(fn, pool, schedule, device, keep=kept, cores=cores)
+        del kept
         row["vectors"].append({"repeat": repeat, "times_us": times, "max_min": max(times) / min(times)})
     return row
 
@@ -184,7 +191,9 @@ def merge(rows: list[dict]) -> list[dict]:
         entry["host_us"] = kh.median([p["host_us"] for p in probes]) if probes else None
         entry["gpu_us"] = kh.median([p["gpu_us"] for p in probes]) if probes else None
         entry["ratio"] = entry["gpu_us"] / entry["host_us"] if probes else None
-        entry["rule_stable"], entry["rule_note"] = stability.verdict(entry["host_us"], entry["gpu_us"])
+        notes = [row["note"] for row in rows if row.get("case") == entry["case"] and row.get("note")]
+        entry["rule_stable"], entry["rule_note"] = stability.verdict(
+            entry["host_us"], entry["gpu_us"], unmeasured=notes[0] if notes else "not measured")
         spreads = [v["max_min"] for v in entry["vectors"]]
         entry["worst_max_min"] = max(spreads) if spreads else None
         entry["passed"] = bool(spreads) and not entry["errors"] and max(spreads) <= LIMIT
@@ -204,10 +213,11 @@ def qualify(args_for_child: list[str], schedules: list[str], log=print) -> dict:
     entries = merge(rows)
     vectors = [(e, v) for e in entries for v in e["vectors"]]
     worst = max(vectors, key=lambda ev: ev[1]["max_min"], default=None)
-    passed = bool(entries) and not failures and all(e["passed"] for e in entries)
+    measured = info.device.type == "cuda"
+    passed = measured and bool(entries) and not failures and all(e["passed"] for e in entries)
     from evals import stability
 
-    return {"device": info.name, "measured": info.device.type == "cuda", "limit": LIMIT, "margin": MARGIN,
+    return {"device": info.name, "measured": measured, "limit": LIMIT, "margin": MARGIN,
             "ratio_min": stability.STABLE_RATIO, "schedules": schedules, "passed": passed, "failures": failures,
             "worst": None if worst is None else {"case": worst[0]["case"], "overrides": worst[0]["overrides"],
                                                  "schedule": worst[1]["schedule"],

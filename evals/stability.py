@@ -61,6 +61,7 @@ def probe(fn, inputs: list[tuple], device: torch.device, calls: int = PROBE_CALL
     if device.type != "cuda":
         return {"host_us": None, "gpu_us": None, "ratio": None, "calls": 0,
                 "note": "not measured: no CUDA (interpreter)"}
+    cycles_per_us(device)  # measured once, before any spin is timed
     for i in range(3):  # compiled and warm before anything is timed
         fn(*inputs[i % len(inputs)])
     torch.cuda.synchronize(device)
@@ -93,10 +94,12 @@ def probe(fn, inputs: list[tuple], device: torch.device, calls: int = PROBE_CALL
     return {"host_us": host_us, "gpu_us": gpu_us, "ratio": gpu_us / host_us, "calls": issued, "note": "measured"}
 
 
-def verdict(host_us: float | None, gpu_us: float | None, ratio_min: float = STABLE_RATIO) -> tuple[bool | None, str]:
-    """(stable, why): stable when the GPU time per call is at least ``ratio_min`` x the host cost per call."""
+def verdict(host_us: float | None, gpu_us: float | None, ratio_min: float = STABLE_RATIO,
+            unmeasured: str = "not measured: no CUDA (interpreter)") -> tuple[bool | None, str]:
+    """(stable, why): stable when the GPU time per call is at least ``ratio_min`` x the host cost per call;
+    ``unmeasured`` is the why when either number is missing (the probe's own note)."""
     if host_us is None or gpu_us is None:
-        return None, "not measured: no CUDA (interpreter)"
+        return None, unmeasured
     ratio = gpu_us / host_us
     if ratio >= ratio_min:
         return True, f"device-bound: GPU {gpu_us:.1f} us per call is {ratio:.2f}x the host cost {host_us:.1f} us"

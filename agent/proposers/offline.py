@@ -289,13 +289,13 @@ def single_moves(tables: list[Table], profile: dict | None, space: Space, tier: 
     return sorted(moves, key=lambda m: m.rank)
 
 
-def unstable_strata(profile: dict | None, last_verdict: dict | None) -> dict[str, list[str]]:
-    """Stratum -> names of its cases measured unstable (host-bound on a GPU): the last verdict's first (the newest
-    measurement), then the best's profile's (selfcheck cases whose ``stable`` is False). Empty without a GPU."""
+def unstable_strata(profile: dict | None) -> dict[str, list[str]]:
+    """Stratum -> names of the best's cases measured unstable (host-bound on a GPU: selfcheck cases whose ``stable``
+    is False). The best's own measurement, not the last attempt's: an attempt reverted as host-bound left the best as
+    it was, and slowing a steady best gains nothing. Empty without a GPU."""
     found: dict[str, list[str]] = {}
-    named = [(u.get("stratum"), u.get("case")) for u in (last_verdict or {}).get("unstable") or []]
-    named += [((c.get("case") or {}).get("stratum"), (c.get("case") or {}).get("name"))
-              for c in (profile or {}).get("cases") or [] if c.get("stable") is False]
+    named = [((c.get("case") or {}).get("stratum"), (c.get("case") or {}).get("name"))
+             for c in (profile or {}).get("cases") or [] if c.get("stable") is False]
     for stratum, name in named:
         if stratum in STRATA_N and name not in found.setdefault(stratum, []):
             found[stratum].append(name)
@@ -336,7 +336,7 @@ class OfflineProposer:
             tables, space = find_tables(source), read_space(source)
         except ProposerError as exc:  # the solution's own tables or space: every later iteration would fail alike
             raise LimitsExceeded(f"the offline search cannot read {solution}: {exc}") from exc
-        unstable = unstable_strata(context.profile, context.last_verdict)
+        unstable = unstable_strata(context.profile)
         focus = next(iter(unstable), None) or weaker_stratum(context.profile)  # an unmeasurable stratum scores zero
         tier = new_tier(source, tables, focus)
         everything = tables + ([tier] if tier else [])

@@ -268,14 +268,12 @@ def test_device_bound_directions_are_read():
     assert SPACE.device_bound == {}
 
 
-@pytest.mark.parametrize("profile, last_verdict", [(BALANCED_WEAKER, LAST_VERDICT), (HOST_BOUND_PROFILE, None)],
-                         ids=["the last verdict", "the best's profile"])
-def test_host_bound_cases_make_the_device_bound_moves_of_their_stratum_come_first(tools, profile,  # noqa: F811
-                                                                                  last_verdict):
-    """Cases of a stratum found host-bound (by the last attempt's verdict, or in the best's own selfcheck) make that
-    stratum the focus: its device-bound moves come first, nearest first, in the tables deciding its shapes (a new
-    tier for it before the general table, which serves the other stratum too; TIERS[0] holds no such shape), each
-    saying why; never a move the other way (TILE_WIBBLE up, QUUX_MODE down)."""
+def test_host_bound_cases_make_the_device_bound_moves_of_their_stratum_come_first(tools):  # noqa: F811
+    """Cases of a stratum found host-bound in the best's own selfcheck make that stratum the focus: its device-bound
+    moves come first, nearest first, in the tables deciding its shapes (a new tier for it before the general table,
+    which serves the other stratum too; TIERS[0] holds no such shape), each saying why; never a move the other way
+    (TILE_WIBBLE up, QUUX_MODE down)."""
+    profile, last_verdict = HOST_BOUND_PROFILE, None
     first = [propose_after(tools, DEVICE_BOUND, profile, last_verdict) for _ in DEVICE_BOUND_FIRST]
     assert [s.summary for s in first] == DEVICE_BOUND_FIRST
     assert all(s.hypothesis.startswith(f"the expert-batch cases {HOST_BOUND} are host-bound (GPU time per call below "
@@ -288,8 +286,9 @@ def test_host_bound_cases_make_the_device_bound_moves_of_their_stratum_come_firs
 
 
 def test_without_host_bound_cases_device_bound_changes_nothing(tools):  # noqa: F811
-    with_directions = [propose_after(tools, DEVICE_BOUND, BALANCED_WEAKER, {"stable": "yes", "unstable": []}).summary
-                       for _ in range(4)]
+    """A steady best is not slowed: not even after an attempt reverted as host-bound (LAST_VERDICT), which left the
+    best as it was."""
+    with_directions = [propose_after(tools, DEVICE_BOUND, BALANCED_WEAKER, LAST_VERDICT).summary for _ in range(4)]
     tools.task.ledger_path.write_text(tools.task.ledger_path.read_text().split("| v9 |")[0])
     without = [propose_after(tools, TOY, BALANCED_WEAKER, None).summary for _ in range(4)]
     assert with_directions == without and with_directions[0] == "new tier N 4096..1<<40 TILE_WIBBLE 32->64"

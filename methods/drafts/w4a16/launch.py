@@ -107,10 +107,14 @@ def address_call(run, x_shape, out_shape, device, weights, kept, tail, check):
     f16 = torch.float16
 
     def call(x, residual):
-        if (x.dtype is not f16 or residual.dtype is not f16 or x.shape != x_shape or residual.shape != out_shape
-                or not x.is_contiguous() or not residual.is_contiguous()
-                or x.get_device() != device_index or residual.get_device() != device_index
-                or (x.data_ptr() | residual.data_ptr()) & 15):
+        try:
+            fit = not (x.dtype is not f16 or residual.dtype is not f16 or x.shape != x_shape
+                       or residual.shape != out_shape or not x.is_contiguous() or not residual.is_contiguous()
+                       or x.get_device() != device_index or residual.get_device() != device_index
+                       or (x.data_ptr() | residual.data_ptr()) & 15)
+        except AttributeError:  # not a tensor: the full check says what it is
+            fit = False
+        if not fit:
             x, residual = check(x, residual)
         out = torch.empty_like(residual)  # (M, N) fp16 contiguous on the device: cheaper than torch.empty's arguments
         o_ptr = out.data_ptr()
