@@ -93,6 +93,11 @@ SCHEDULES["spec-unpinned"] = replace(SCHEDULES["spec"], pin="none")
 SCHEDULES["spec-thread-pinned"] = replace(SCHEDULES["spec"], pin="thread")
 
 
+def group_inputs(case: kh.Case, count: int, group: int, device: torch.device) -> list[tuple]:
+    """Timed group ``group``'s inputs: a seeded draw, the same in every role (and in evals.qualify)."""
+    return kh.make_inputs(case, count, seed=GROUP_SEED + group, device=device)
+
+
 def run_schedule(fn, pool: list[tuple], s: Schedule, device: torch.device, before_group=None, primed_check=None,
                  keep: list | None = None, cores: set[int] | None = None, pinned: list | None = None) -> list[float]:
     """SPEC.md's timing schedule after the gates: reset; ``s.prime_outputs`` distinct outputs made, handed to
@@ -349,7 +354,7 @@ class Role:
             "; ".join(found[:EVIDENCE_CAP]) if found else "storage disjoint from each other and from every input"))
 
     def group_inputs(self, group: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return kh.make_inputs(self.case, len(self.pool), seed=GROUP_SEED + group, device=self.device)
+        return group_inputs(self.case, len(self.pool), group, self.device)
 
     def refill(self, group: int) -> None:
         """Group ``group``'s values into the pool, in place (the addresses stay, ``_version`` moves on). First the

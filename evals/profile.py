@@ -18,13 +18,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from evals import kernel_harness as kh
+from evals import stability
 from evals.loader import load_solution, resolve_solution_dir, unload_solution
 from evals.selfcheck import CANDIDATE_ERRORS, error_record
 
@@ -122,17 +122,6 @@ def profile_kernels(fn, inputs, calls: int) -> list[KernelLaunch]:
     return result
 
 
-def host_time_per_call(fn, inputs, calls: int) -> float:
-    """Wall time to issue one call when the GPU never makes the host wait (fewer calls than the launch queue)."""
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for i in range(calls):
-        fn(*inputs[i % len(inputs)])
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed * 1e6 / calls
-
-
 def label(p: CaseProfile, sm_count: int) -> tuple[str, str]:
     """The bottleneck and the numbers behind it, most decisive first."""
     main = p.kernels[0] if p.kernels else None
@@ -196,7 +185,7 @@ def profile_case(solution: Path, case: kh.Case, device: torch.device, rates: dic
         p.copy_fraction = p.gbps / rates["copy_gbps"]
         p.tflops = p.flop / p.median_us / 1e6
         p.matmul_fraction = p.tflops / rates["matmul_tflops"]
-        p.host_us_per_call = host_time_per_call(fn, inputs, 200)
+        p.host_us_per_call = stability.probe(fn, inputs, device)["host_us"]  # the GPU kept busy: no wait in it
         p.kernels = profile_kernels(fn, inputs, PROFILED_CALLS)
         p.gpu_us_per_call = sum(k.gpu_us * k.calls_per_call for k in p.kernels)
         p.launch_overhead_share = max(0.0, 1 - p.gpu_us_per_call / p.median_us)

@@ -117,7 +117,7 @@ def refiller(case: kh.Case, pool: list[tuple], device):
     from evals import gates
 
     def refill(group: int) -> None:
-        fresh = kh.make_inputs(case, len(pool), seed=gates.GROUP_SEED + group, device=device)
+        fresh = gates.group_inputs(case, len(pool), group, device)
         for (x, residual), (fresh_x, fresh_r) in zip(pool, fresh):
             x.copy_(fresh_x)
             residual.copy_(fresh_r)

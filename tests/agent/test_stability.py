@@ -230,9 +230,10 @@ def test_the_ledger_has_a_stable_cell_and_rows_without_it_still_read(project: Pa
     old = "| v3 | t | r | offline | v1 | s | yes | ok | 1.000 | 1.000 | 1.000 | keep (1.1x best, noise 0.01) | cd |"
     parsed = parse_row(old)
     assert parsed["sha256"] == "cd" and parsed["stable"] == "-" and list(parsed) == list(COLUMNS)
-    # the real ledger: its header names every column, and every row (written with 13 cells or 14) reads whole
+    # the real ledger (append-only: the 14-column header was appended below the 13-cell rows): its last header, the one
+    # new rows go under, names every column, and every row (written with 13 cells or 14) reads whole
     ledger = (project / "methods" / "experiment_log.md").read_text().splitlines()
-    header = next(line for line in ledger if line.startswith("| version |"))
+    header = [line for line in ledger if line.startswith("| version |")][-1]
     assert header == format_row(dict(zip(COLUMNS, COLUMNS)))
     assert ledger[ledger.index(header) + 1] == "|" + "---|" * len(COLUMNS)
     assert all(len(parse_row(line)) == len(COLUMNS) for line in rows(Task(root=project)))
