@@ -26,7 +26,8 @@ def project(tmp_path: Path) -> Path:
 
 
 def make_project(tmp_path: Path) -> Path:
-    """``tmp_path``/kloop: the project's copy, committed, v0 its only version; ``tmp_path``/panel.json: one case."""
+    """``tmp_path``/kloop: the project's copy, committed, v0 its only version and its main; ``tmp_path``/panel.json:
+    one case."""
     copy = tmp_path / "kloop"
     copy.mkdir()
     for name in COPIED:
@@ -39,9 +40,16 @@ def make_project(tmp_path: Path) -> Path:
         if entry.name != "v0" and entry.is_dir():
             shutil.rmtree(entry)
     (copy / "methods" / "versions" / "index.jsonl").unlink(missing_ok=True)
+    # methods/main is v0 here, whatever the real one holds: these tests drive the loop's mechanics through v0's
+    # one-file kernel and its knobs; test_run_offline runs the loop from the real, promoted main
+    main = copy / "methods" / "main"
+    shutil.rmtree(main)
+    main.mkdir()
+    shutil.copy2(copy / "methods" / "versions" / "v0" / "solution.py", main / "solution.py")
     ledger = copy / "methods" / "experiment_log.md"
     ledger.write_text("".join(line for line in ledger.read_text().splitlines(keepends=True)  # the header stays
-                              if not ATTEMPT_ROW.match(line) or line.startswith("| v0 |")))
+                              if not (ATTEMPT_ROW.match(line) or line.startswith("| promote v"))
+                              or line.startswith("| v0 |")))
     (copy / "workspace").mkdir()
     (copy / "workspace" / ".gitkeep").touch()
     git = ["git", "-c", "user.name=test", "-c", "user.email=test@localhost"]

@@ -12,7 +12,8 @@ import git
 import torch
 
 from agent.ledger import COLUMNS
-from tests.agent.conftest import agent_command, agent_env, index, ledger_rows, run_agent, runs
+from agent.proposers.space import read_space
+from tests.agent.conftest import ROOT, agent_command, agent_env, index, ledger_rows, run_agent, runs
 
 
 def test_offline_run_records_versions_rows_and_commits(project: Path, panel: Path):
@@ -55,6 +56,29 @@ def test_offline_run_records_versions_rows_and_commits(project: Path, panel: Pat
     assert state["run_id"] in status.stdout and "v3" in status.stdout
     cleaned = run_agent(project, "clean-workspace")
     assert state["run_id"] in cleaned.stdout and not (project / "workspace" / state["run_id"]).exists()
+
+
+def test_an_offline_run_starts_from_the_promoted_main(project: Path, panel: Path):
+    """`make agent-run` as a user types it: from the real methods/main (every file of it), not the fixture's v0."""
+    main = project / "methods" / "main"
+    for old in main.iterdir():
+        old.unlink()
+    files = sorted(p.name for p in (ROOT / "methods" / "main").glob("*.py"))
+    for name in files:
+        (main / name).write_text((ROOT / "methods" / "main" / name).read_text())
+    git_as_test = ["git", "-c", "user.name=test", "-c", "user.email=test@localhost"]
+    subprocess.run(git_as_test + ["add", "-A"], cwd=project, check=True)
+    subprocess.run(git_as_test + ["commit", "-qm", "the promoted main"], cwd=project, check=True)
+    done = run_agent(project, "run", "--iters", "1", "--backend", "offline", "--panel", str(panel))
+    assert "start: score" in done.stdout
+    (row,) = ledger_rows(project)[1:]
+    cells = [c.strip() for c in row.strip("|").split(" | ")]
+    assert cells[0] == "v1" and cells[3] == "offline" and cells[6] == "yes", row
+    version = project / "methods" / "versions" / "v1"
+    assert sorted(p.name for p in version.iterdir()) == sorted(files + ["parent.patch", "verdict.json"])
+    moved = cells[5].split(";")[0].split(" + ")
+    knobs = read_space((ROOT / "methods" / "main" / "solution.py").read_text()).knobs
+    assert all(any(knob in move.split() for knob in knobs) for move in moved), (cells[5], sorted(knobs))
 
 
 def wait_for(predicate, timeout: float) -> None:
