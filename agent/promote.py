@@ -5,7 +5,9 @@ interpreter timings (CPU), which say nothing about speed on a GPU. Re-runs the g
 residency guard on vN (on a GPU also the qualification under the verifier's schedule; a vN that is not stable is
 said and its row's stable cell records it), and with --verify (a GPU) the full verifier on the panel too, the timing
 gates included; refuses with the reason when any fails (unless --force, which the ledger records), copies vN's files
-into methods/main/ and appends a promotion row (first cell `promote vN`). It never changes methods/versions/.
+into methods/main/ and appends a promotion row (first cell `promote vN`). A refusal after the checks ran is a row too
+(decision `refused (...)`, main unchanged): the minutes of measurement behind it are not lost. It never changes
+methods/versions/.
 """
 from __future__ import annotations
 
@@ -65,10 +67,29 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
     for stage in verdict["stages"]:
         log(f"  {stage['name']:<10} {'ok' if stage['ok'] else 'FAILED'}  "
             f"{stage['note'] if stage['note'] != 'ok' else ''}")
+    strata = verdict["strata"] or {}
+    parent = current_label(task)  # what methods/main is now, and stays if this is refused
+
+    def fmt(value):
+        return "-" if value is None else f"{value:.3f}"
+
+    def record(summary: str, decision: str) -> None:
+        # "promote vN", not "vN": the row records no new version, so ledger.rows() (the attempts) never counts it
+        ledger.append_row(task, {
+            "version": f"promote {version}", "time (UTC)": f"{stamp:%Y-%m-%d %H:%M:%S}", "run": "promotion",
+            "backend/model": "by hand", "parent": parent,
+            "summary / hypothesis": summary + (f"; why: {note}" if note else ""),
+            "correct": correct_cell(verdict), "residency": verdict["residency"] or "-",
+            "balanced": fmt(strata.get("balanced")), "expert-batch": fmt(strata.get("expert-batch")),
+            "score": fmt(verdict["score"]), "decision": decision, "sha256": ledger.solution_sha256(source),
+            "stable": verdict["stable"]})
+
     if not verdict["valid"]:
         if not force:
+            record(f"refused {version}: {verdict['failed_stage']}: {verdict['note'][:160]}; "
+                   f"{task.candidate_dir} unchanged", f"refused ({verdict['failed_stage']})")
             log(f"promote: refused: {version} fails {verdict['failed_stage']}: {verdict['note']} "
-                "(--force overrides, and is recorded)")
+                "(--force overrides, and is recorded); the ledger records the refusal")
             return 1
         log(f"promote: forcing past {verdict['failed_stage']}; the ledger records it")
     if verdict["stable"].startswith("no"):  # said and recorded; --verify is the check that refuses
@@ -82,31 +103,18 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
         log(f"  verifier   {'ok' if stage.ok else 'FAILED'}  {stage.note}")
         if not stage.ok:
             if not force:
+                record(f"refused {version}: verifier on {Path(panel).name}: {stage.note[:160]}; "
+                       f"{task.candidate_dir} unchanged", "refused (verifier)")
                 log(f"promote: refused: {version} fails the verifier: {stage.note} "
-                    "(--force overrides, and is recorded)")
+                    "(--force overrides, and is recorded); the ledger records the refusal")
                 return 1
             log("promote: forcing past the verifier; the ledger records it")
         verified = (f"; verifier on {Path(panel).name}: {stage.note[:160]}" if stage.ok
                     else f" (forced past the verifier on {Path(panel).name}: {stage.note[:120]})")
-    parent = current_label(task)
     replace_solution(task.root / task.candidate_dir, source)
-    strata = verdict["strata"] or {}
-
-    def fmt(value):
-        return "-" if value is None else f"{value:.3f}"
-
     forced = f" (forced past {verdict['failed_stage']}: {verdict['note'][:120]})" if not verdict["valid"] else ""
     forced += " (forced past interpreter-only numbers)" if interpreter_only else ""
-    # "promote vN", not "vN": the row records no new version, so ledger.rows() (the attempts) never counts it
-    row = {"version": f"promote {version}", "time (UTC)": f"{stamp:%Y-%m-%d %H:%M:%S}", "run": "promotion",
-           "backend/model": "by hand", "parent": parent,
-           "summary / hypothesis": f"promoted {version} to {task.candidate_dir}{forced}{verified}"
-                                   + (f"; why: {note}" if note else ""),
-           "correct": correct_cell(verdict), "residency": verdict["residency"] or "-",
-           "balanced": fmt(strata.get("balanced")), "expert-batch": fmt(strata.get("expert-batch")),
-           "score": fmt(verdict["score"]),
-           "decision": "promoted (forced)" if forced or "forced past the verifier" in verified else "promoted",
-           "sha256": ledger.solution_sha256(source), "stable": verdict["stable"]}
-    ledger.append_row(task, row)
+    record(f"promoted {version} to {task.candidate_dir}{forced}{verified}",
+           "promoted (forced)" if forced or "forced past the verifier" in verified else "promoted")
     log(f"promoted {version} to {task.candidate_dir} (was {parent}); score {fmt(verdict['score'])}")
     return 0

@@ -108,6 +108,11 @@ def test_promote_checks_copies_records_and_leaves_versions_alone(project: Path, 
                              capture_output=True, text=True, timeout=400)
     assert refused.returncode == 1 and "refused" in refused.stdout
     assert main.read_text() == (versions / "v1" / "solution.py").read_text()
+    # the refusal is recorded (its checks ran), as a promotion row that changed nothing
+    row = promotion_rows(project)[-1]
+    assert row.startswith("| promote v9 |") and "| refused (" in row and "methods/main unchanged" in row, row
+    assert "| v1 |" in row, "its parent cell names what main still is"
+    assert ledger_rows(project) == rows_before and current_label(task) == "v1"
 
     forced = run_agent(project, "promote", "v9", "--panel", str(panel), "--force", "--note", "a test | of the note",
                        timeout=400)
