@@ -9,9 +9,10 @@ the already-compiled kernel's launcher). Then per implementation: eager latency 
 (8,192 untimed calls, 11 groups of 512 timed with CUDA events; the peers, which are slow, get 512 untimed calls and
 11 groups of 64), GPU time by CUDA-graph replay with the L2 hot and with the L2 flushed before every replay (seed
 002's dual qualification), the host cost per call with the GPU kept busy (``host_us``, evals/stability.py: eager time
-near it means host-bound), and correctness on normal inputs. Peers: torch dequantize + addmm (allowed), a dense fp16
-torch reference (NOT allowed by the residency contract: it keeps the dequantized weight), torch._weight_int4pack_mm
-(tinygemm; bf16 activations, so labelled) and gemlite when installed. Needs CUDA.
+near it means host-bound), eager over the larger of the case's floors (``x_floor``: the compiled-launch host floor or
+the GPU floor, whichever binds; 1.0 would be at that bound), and correctness on normal inputs. Peers: torch dequantize +
+addmm (allowed), a dense fp16 torch reference (NOT allowed by the residency contract: it keeps the dequantized
+weight), torch._weight_int4pack_mm (tinygemm; bf16 activations, so labelled) and gemlite when installed. Needs CUDA.
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ class Row:
     flushed_copy_fraction: float | None = None
     host_us: float | None = None  # host cost per call with the GPU kept busy (evals/stability.py)
     gpu_us: float | None = None  # the same pass's back-to-back GPU time per call
+    floor_ratio: float | None = None  # eager / max(host floor, GPU floor): 1.0 would be at the binding floor
     error: str | None = None
 
 
@@ -209,6 +211,9 @@ def run(panel: str, solutions: list[Path], log=print, peers: bool = True) -> dic
         target = 1.5 * max(gpu_floor, floors["compiled_launch_us"])
         rows = [bench_impl(name, note, build, case, weights, inputs, copy_gbps, flush, full)
                 for name, note, build, full in impls]
+        for row in rows:
+            if row.eager_us is not None:
+                row.floor_ratio = row.eager_us / max(gpu_floor, floors["compiled_launch_us"])
         cases.append({"case": kh.case_dict(case), "roofline_us": roofline_us, "gpu_floor_us": gpu_floor,
                       "target_us": target, "rows": [asdict(r) for r in rows]})
         log(format_case(cases[-1]))
@@ -223,11 +228,12 @@ def format_case(entry: dict) -> str:
     lines = [f"{c['name']} ({c['stratum']}): roofline {entry['roofline_us']:.2f} us, "
              f"GPU floor {entry['gpu_floor_us']:.2f} us, target (1.5x the larger floor) {entry['target_us']:.2f} us"]
     lines.append(f"  {'implementation':<28} {'eager_us':>9} {'graph_hot':>9} {'flushed':>9} {'host_us':>8} "
-                 f"{'%copy':>6} {'correct':>7}  note")
+                 f"{'%copy':>6} {'x_floor':>7} {'correct':>7}  note")
     for r in entry["rows"]:
         lines.append(f"  {r['impl']:<28} {num(r['eager_us']):>9} {num(r['graph_hot_us']):>9} "
                      f"{num(r['graph_flushed_us']):>9} {num(r.get('host_us')):>8} "
                      f"{num(r['flushed_copy_fraction'] and 100 * r['flushed_copy_fraction'], '.1f'):>6} "
+                     f"{num(r.get('floor_ratio')):>7} "
                      f"{'-' if r['correct'] is None else ('yes' if r['correct'] else 'NO'):>7}  {r['note']}"
                      + (f"; error {r['error']}" if r['error'] else ""))
     return "\n".join(lines)

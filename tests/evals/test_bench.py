@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from evals import kernel_harness as kh
-from evals.bench import build_dequant_addmm, build_dense_fp16
+from evals.bench import build_dequant_addmm, build_dense_fp16, format_case
 from tests.conftest import ROOT
 
 
@@ -23,3 +23,17 @@ def test_torch_peers_are_correct(build):
 def test_without_cuda_the_bench_says_it_needs_a_gpu():
     run = subprocess.run([sys.executable, "-m", "evals.bench"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
+
+
+def test_each_row_says_how_far_eager_is_from_the_nearer_bound():
+    row = {"impl": "ours", "note": "ours", "correct": True, "eager_us": 30.0, "graph_hot_us": 25.0,
+           "graph_flushed_us": 28.0, "flushed_copy_fraction": 0.5, "host_us": 9.0, "floor_ratio": 30.0 / 12.5,
+           "error": None}
+    peer = dict(row, impl="peer", eager_us=None, floor_ratio=None, error="did not run")
+    entry = {"case": {"name": "18x8192x8192-silu", "stratum": "balanced"}, "roofline_us": 8.5, "gpu_floor_us": 12.5,
+             "target_us": 18.75, "rows": [row, peer]}
+    lines = format_case(entry).splitlines()
+    header = lines[1].split()
+    assert "x_floor" in header
+    assert lines[2].split()[header.index("x_floor")] == "2.40"
+    assert lines[3].split()[header.index("x_floor")] == "-"
