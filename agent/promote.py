@@ -84,10 +84,12 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
             "score": fmt(verdict["score"]), "decision": decision, "sha256": ledger.solution_sha256(source),
             "stable": verdict["stable"]})
 
+    failed = verdict["failed_stage"] or "no score"
+    evidence = evaluator.work_dir.relative_to(task.root)  # each stage's JSON report, the verifier's too
     if not verdict["valid"]:
         if not force:
-            record(f"refused {version}: {verdict['failed_stage']}: {verdict['note'][:160]}; "
-                   f"{task.candidate_dir} unchanged", f"refused ({verdict['failed_stage']})")
+            record(f"refused {version}: {failed}: {verdict['note'][:400]}; {task.candidate_dir} unchanged; "
+                   f"reports in {evidence}", f"refused ({failed})")
             log(f"promote: refused: {version} fails {verdict['failed_stage']}: {verdict['note']} "
                 "(--force overrides, and is recorded); the ledger records the refusal")
             return 1
@@ -103,8 +105,8 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
         log(f"  verifier   {'ok' if stage.ok else 'FAILED'}  {stage.note}")
         if not stage.ok:
             if not force:
-                record(f"refused {version}: verifier on {Path(panel).name}: {stage.note[:160]}; "
-                       f"{task.candidate_dir} unchanged", "refused (verifier)")
+                record(f"refused {version}: verifier on {Path(panel).name}: {stage.note[:400]}; "
+                       f"{task.candidate_dir} unchanged; reports in {evidence}", "refused (verifier)")
                 log(f"promote: refused: {version} fails the verifier: {stage.note} "
                     "(--force overrides, and is recorded); the ledger records the refusal")
                 return 1

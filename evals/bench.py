@@ -50,7 +50,7 @@ class Row:
     flushed_copy_fraction: float | None = None
     host_us: float | None = None  # host cost per call with the GPU kept busy (evals/stability.py)
     gpu_us: float | None = None  # the same pass's back-to-back GPU time per call
-    floor_ratio: float | None = None  # eager / max(host floor, GPU floor): 1.0 would be at the binding floor
+    floor_ratio: float | None = None  # eager / max(compiled-launch host floor, GPU floor): floor_ratio()
     error: str | None = None
 
 
@@ -168,6 +168,11 @@ def host_floors(device: torch.device) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ the bench
+def floor_ratio(eager_us: float | None, gpu_floor_us: float, host_floor_us: float) -> float | None:
+    """Eager time over the floor that binds, the larger of the GPU floor and the compiled-launch host floor."""
+    return None if eager_us is None else eager_us / max(gpu_floor_us, host_floor_us)
+
+
 def bench_impl(name: str, note: str, build, case: kh.Case, weights, inputs, copy_gbps: float, flush, full: bool) -> Row:
     row = Row(case.name, name, note)
     try:
@@ -208,12 +213,11 @@ def run(panel: str, solutions: list[Path], log=print, peers: bool = True) -> dic
         inputs = kh.make_inputs(case, 16, seed=5, device=info.device)
         roofline_us = case.bytes_moved() / copy_gbps / 1e3
         gpu_floor = FIXED_KERNEL_US + roofline_us
-        target = 1.5 * max(gpu_floor, floors["compiled_launch_us"])
+        target = 1.5 * max(gpu_floor, floors["compiled_launch_us"])  # the larger floor binds
         rows = [bench_impl(name, note, build, case, weights, inputs, copy_gbps, flush, full)
                 for name, note, build, full in impls]
         for row in rows:
-            if row.eager_us is not None:
-                row.floor_ratio = row.eager_us / max(gpu_floor, floors["compiled_launch_us"])
+            row.floor_ratio = floor_ratio(row.eager_us, gpu_floor, floors["compiled_launch_us"])
         cases.append({"case": kh.case_dict(case), "roofline_us": roofline_us, "gpu_floor_us": gpu_floor,
                       "target_us": target, "rows": [asdict(r) for r in rows]})
         log(format_case(cases[-1]))

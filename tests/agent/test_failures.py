@@ -10,8 +10,8 @@ from tests.agent.conftest import index, ledger_rows, run_agent, runs
 RAISES = "    raise RuntimeError('candidate broke on purpose')\n"
 HANGS = "    while True:\n        pass\n"
 KILLS_ITSELF = "    os.kill(os.getpid(), 9)\n"
-# each evaluation stage's limit: it kills the hanging candidate, and the valid one's gates (two interpreter processes
-# beside the residency guard's on a 2-core machine) finish well within it
+# each evaluation stage's limit: it kills the hanging candidate, and the valid one's gates finish well within it on a
+# loaded 2-core machine (they run beside the residency guard)
 LIMIT_S = 20
 
 

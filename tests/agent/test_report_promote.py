@@ -135,3 +135,30 @@ def test_promote_checks_copies_records_and_leaves_versions_alone(project: Path, 
                                     env=agent_env(), capture_output=True, text=True, timeout=60)
         assert unverified.returncode == 2 and "--verify needs a CUDA GPU" in unverified.stdout
         assert promotion_rows(project) == rows and main.read_text() == main_text
+
+
+def test_a_verifier_refusal_is_a_row_and_leaves_main_alone(project: Path, monkeypatch):
+    """The verifier runs only on a GPU, so its verdict is given here; the promotion's own handling of it is real."""
+    from agent.evaluate import Evaluator, Stage
+    from agent.promote import promote
+
+    versions, main = project / "methods" / "versions", project / "methods" / "main" / "solution.py"
+    (versions / "v1").mkdir()
+    (versions / "v1" / "solution.py").write_text(main.read_text().replace('"BLOCK_SIZE_N": 64', '"BLOCK_SIZE_N": 32'))
+    main_before, attempts_before = main.read_text(), ledger_rows(project)
+    checked = {"stages": [], "valid": True, "failed_stage": None, "note": "ok", "correct": True, "raised": False,
+               "residency": "ok", "strata": {"balanced": 3.0, "expert-batch": 2.0}, "score": 2.4, "stable": "yes",
+               "stability_note": ""}
+    # the whole note of a real refusal: which role's dispersion failed is at its end
+    note = ("not valid: 18x8192x8192-silu: dispersion: baseline_before max/min 1.225, candidate max/min 1.022, "
+            "baseline_after max/min 1.093; over 1.15 or missing: baseline_before")
+    monkeypatch.setattr(Evaluator, "evaluate", lambda self, source, baseline, best_is_baseline: checked)
+    monkeypatch.setattr(Evaluator, "verify", lambda self, source: Stage("verifier", False, 1, 400.0, note, {}))
+    said = []
+    code = promote(Task(root=project), "v1", cuda=True, panel="visible", log=said.append, verify=True, note="a try")
+    assert code == 1 and any("refused: v1 fails the verifier" in line for line in said)
+    assert main.read_text() == main_before and ledger_rows(project) == attempts_before
+    row = promotion_rows(project)[-1]
+    assert row.startswith("| promote v1 |") and "| refused (verifier) |" in row and "| v0 |" in row, row
+    assert note in row and "methods/main unchanged; reports in workspace/.promotions/v1-" in row
+    assert "; why: a try |" in row and "| 2.400 |" in row

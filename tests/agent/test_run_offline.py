@@ -70,10 +70,11 @@ def test_an_offline_run_starts_from_the_promoted_main(project: Path, panel: Path
     subprocess.run(git_as_test + ["add", "-A"], cwd=project, check=True)
     subprocess.run(git_as_test + ["commit", "-qm", "the promoted main"], cwd=project, check=True)
     done = run_agent(project, "run", "--iters", "1", "--backend", "offline", "--panel", str(panel))
-    assert "start: score" in done.stdout
+    assert "start: score" in done.stdout and "start: score -" not in done.stdout  # the start itself was measured
     (row,) = ledger_rows(project)[1:]
     cells = [c.strip() for c in row.strip("|").split(" | ")]
-    assert cells[0] == "v1" and cells[3] == "offline" and cells[6] == "yes", row
+    # its parent is main, which no version of this copy's ledger holds (v0's sha would read v0)
+    assert cells[0] == "v1" and cells[3] == "offline" and cells[4] == "main" and cells[6] == "yes", row
     version = project / "methods" / "versions" / "v1"
     assert sorted(p.name for p in version.iterdir()) == sorted(files + ["parent.patch", "verdict.json"])
     moved = cells[5].split(";")[0].split(" + ")

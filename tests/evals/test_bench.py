@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from evals import kernel_harness as kh
-from evals.bench import build_dequant_addmm, build_dense_fp16, format_case
+from evals.bench import build_dequant_addmm, build_dense_fp16, floor_ratio, format_case
 from tests.conftest import ROOT
 
 
@@ -25,10 +25,13 @@ def test_without_cuda_the_bench_says_it_needs_a_gpu():
     assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
 
 
-def test_each_row_says_how_far_eager_is_from_the_nearer_bound():
+def test_each_row_says_how_far_eager_is_from_the_binding_floor():
+    assert floor_ratio(30.0, 12.5, 10.0) == 30.0 / 12.5  # the GPU floor binds
+    assert floor_ratio(30.0, 8.0, 15.0) == 2.0  # the host floor binds
+    assert floor_ratio(None, 8.0, 15.0) is None  # a row that did not run
     row = {"impl": "ours", "note": "ours", "correct": True, "eager_us": 30.0, "graph_hot_us": 25.0,
-           "graph_flushed_us": 28.0, "flushed_copy_fraction": 0.5, "host_us": 9.0, "floor_ratio": 30.0 / 12.5,
-           "error": None}
+           "graph_flushed_us": 28.0, "flushed_copy_fraction": 0.5, "host_us": 9.0,
+           "floor_ratio": floor_ratio(30.0, 12.5, 10.0), "error": None}
     peer = dict(row, impl="peer", eager_us=None, floor_ratio=None, error="did not run")
     entry = {"case": {"name": "18x8192x8192-silu", "stratum": "balanced"}, "roofline_us": 8.5, "gpu_floor_us": 12.5,
              "target_us": 18.75, "rows": [row, peer]}
