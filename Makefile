@@ -13,6 +13,9 @@ PANEL ?= $(if $(shell nvidia-smi -L 2>/dev/null),visible,smoke)
 JSON ?=
 GRID ?= evals/sweep_grid.json
 REPEATS ?= 3
+# make test spreads the test files over JOBS processes where pytest-xdist is installed (make setup installs it)
+JOBS ?= 2
+XDIST = $(shell $(PY) -c 'import xdist' 2>/dev/null && echo yes)
 
 .PHONY: help setup test test-gpu sweep selfcheck guard policy profile bench qualify agent-run agent-status clean-workspace report promote verify gates sealed-panel
 
@@ -31,8 +34,8 @@ setup: ## create .venv with everything (a CPU torch where no GPU is present)
 	@echo "setup done: $$($(VENV)/bin/python -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, "cuda", torch.cuda.is_available())')"
 	@command -v chromium >/dev/null || echo "optional: 'apt-get install chromium' lets make test render the HTML report in a headless browser (that test is skipped without it)"
 
-test: ## CPU tests (without CUDA, kernels run under the Triton interpreter; tests/conftest.py chooses)
-	$(PY) -m pytest -q
+test: ## CPU tests (without CUDA, kernels run under the Triton interpreter; tests/conftest.py chooses) [JOBS=2]
+	$(PY) -m pytest -q $(if $(XDIST),-n $(JOBS) --dist loadfile)
 
 test-gpu: ## GPU tests (pytest mark gpu); run on a CUDA machine
 	$(PY) -m pytest -q -m gpu
