@@ -62,7 +62,8 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
     evaluator = Evaluator(task, panel, cuda,
                           task.root / "workspace" / ".promotions" / f"{version}-{stamp:%Y%m%d-%H%M%S}")
     log(f"checking {version} on the {panel} panel ({'GPU' if cuda else 'CPU, Triton interpreter'}): "
-        f"source policy, gates, selfcheck, {'qualification, ' if cuda else ''}residency guard")
+        f"source policy, gates, selfcheck, {'qualification (if no case is host-bound), ' if cuda else ''}"
+        "residency guard")
     verdict = evaluator.evaluate(source, task.versions / task.baseline_version, best_is_baseline=True)
     for stage in verdict["stages"]:
         log(f"  {stage['name']:<10} {'ok' if stage['ok'] else 'FAILED'}  "
