@@ -436,12 +436,17 @@ def test_bad_paths_are_usage_errors(tmp_path):
 
 @pytest.mark.gpu
 def test_v0_against_itself_scores_one_under_the_full_schedule(tmp_path, panel_file):
-    """SPEC.md's full schedule, 3 roles on the first visible case of each stratum (the whole panel takes six minutes,
+    """SPEC.md's full schedule, 3 roles on one visible case of each stratum (the whole panel takes six minutes,
     `make verify` runs it): every dispersion gate passes, v0 scores 1.00 +- 0.03, and the candidate role reports its
-    host cost and GPU time per call (what a dispersion failure is explained with)."""
-    visible = kh.load_panel("visible")
-    firsts = [next(c for c in visible if c.stratum == s) for s in ("balanced", "expert-batch")]
-    panel = panel_file(*(dataclasses.astuple(c) for c in firsts))
+    host cost and GPU time per call (what a dispersion failure is explained with).
+
+    The cases are those on which v0 is most device-bound (GPU about 200 and 120 us a call against a host cost of 35-64
+    us): where v0's GPU time is near its host cost (18x8192x8192, 57 us) a role's median follows the host's speed in
+    that role's process, which drifts between processes on a noisy host, and the score would measure the host."""
+    device_bound = {"32x28672x8192-silu", "24x16384x1536-silu"}
+    cases = [c for c in kh.load_panel("visible") if c.name in device_bound]
+    assert {c.stratum for c in cases} == {"balanced", "expert-batch"}, "the visible panel changed: pick new cases"
+    panel = panel_file(*(dataclasses.astuple(c) for c in cases))
     out = tmp_path / "v0-vs-v0.json"
     began = time.monotonic()
     run = verify("--solution", "methods/versions/v0", "--panel", panel, "--json", out)
