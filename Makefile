@@ -38,7 +38,7 @@ test: ## CPU tests (without CUDA, kernels run under the Triton interpreter; test
 	$(PY) -m pytest -q $(if $(XDIST),-n $(JOBS) --dist loadfile)
 
 test-gpu: ## GPU tests (pytest mark gpu); run on a CUDA machine
-	@$(PY) -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "make test-gpu: no CUDA GPU here (torch.cuda.is_available() is False); run it on a GPU machine, make test runs the CPU tests")'
+	@$(PY) -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "make test-gpu: no CUDA GPU (torch.cuda.is_available() is False); run it on a GPU machine (make test runs the CPU tests)")'
 	$(PY) -m pytest -q -m gpu
 
 selfcheck: ## correctness, latency and speedup over v0: SOLUTION=methods/main PANEL=visible|smoke|FILE JSON=out.json

@@ -440,7 +440,7 @@ def test_v0_against_itself_scores_one_under_the_full_schedule(tmp_path, panel_fi
     `make verify` runs it): every dispersion gate passes, v0 scores 1.00 +- 0.03, and the candidate role reports its
     host cost and GPU time per call (what a dispersion failure is explained with).
 
-    The cases are those on which v0 is most device-bound (GPU about 200 and 120 us a call against a host cost of 35-64
+    The cases are those on which v0 is most device-bound (GPU about 200 and 120 us a call against a host cost of 31-67
     us): where v0's GPU time is near its host cost (18x8192x8192, 57 us) a role's median follows the host's speed in
     that role's process, which drifts between processes on a noisy host, and the score would measure the host."""
     device_bound = {"32x28672x8192-silu", "24x16384x1536-silu"}
