@@ -15,7 +15,7 @@ from pathlib import Path
 
 from agent.config import Task
 from agent.runner import clip, python_command, python_env, run_command
-from agent.stability import qualification_failed, stability_block, unstable_cases
+from agent.stability import qualification_failed, shared_cases, stability_block, unstable_cases
 
 SURELY_SLOWER = 0.05
 """How far below the best's score against v0 a candidate's may be before it is not timed against the best."""
@@ -152,7 +152,7 @@ class Evaluator:
         return stage
 
     def evaluate(self, solution: Path, best: Path, best_is_baseline: bool, full_check: bool = True,
-                 best_score: float | None = None) -> dict:
+                 best_score: float | None = None, best_check: dict | None = None) -> dict:
         """The verdict of one attempt; ``keep`` is True only for a valid candidate faster than ``best`` beyond noise
         and, on a GPU, stable.
 
@@ -166,8 +166,10 @@ class Evaluator:
 
         On a GPU a keeper must also be stable (``agent.stability``): a case the selfcheck finds host-bound, or a
         qualification vector over the verifier's limit, blocks the keep; such a candidate is still valid (correct,
-        scored) and its ``stable`` cell says why. Without CUDA nothing is measured: the qualification never runs and
-        the cell is "-".
+        scored) and its ``stable`` cell says why. A host-bound case on which the candidate's GPU time is the best's
+        (``best_check``, the best's selfcheck report: its plan there is as far from its host as the best's) does not
+        block: the qualification, which times the verifier's own schedule, decides it. Without CUDA nothing is
+        measured: the qualification never runs and the cell is "-".
         """
         stages: list[Stage] = []
 
@@ -180,7 +182,7 @@ class Evaluator:
         if passed(self.policy(solution)) and passed(self.selfcheck(solution)):
             check = stages[-1].report
             if self.cuda:
-                stable, stable_cell, stable_note = stability_block(check, None)
+                stable, stable_cell, stable_note = stability_block(check, None, best_check)
             estimate = (check.get("score") or 0.0) / best_score if best_score else None
             if best_is_baseline:  # the selfcheck already timed the candidate against v0 in alternation
                 comparison = compare(check)
@@ -194,7 +196,7 @@ class Evaluator:
                 stages.append(self.qualify(solution))  # alone: it times, so nothing may run beside it
                 report = stages[-1].report
                 stable, stable_cell, stable_note = stability_block(
-                    check, report if report is not None else {"measured": False, "note": stages[-1].note})
+                    check, report if report is not None else {"measured": False, "note": stages[-1].note}, best_check)
             if (comparison["keep"] and stable) or full_check:
                 with ThreadPoolExecutor(2) as pool:  # two processes, neither timed: side by side
                     checks = [pool.submit(self.residency, solution), pool.submit(self.gates, solution)]
@@ -205,6 +207,11 @@ class Evaluator:
         notes = [f"{s.name}: {s.note}" for s in stages if s.note != "ok"]
         if not stable and "qualify" not in names:  # the selfcheck's host-bound probe, which no stage note says
             notes.append(f"stability: {stable_note}")
+        shared = shared_cases(check, best_check) if self.cuda else []
+        if shared:
+            notes.append("stability: not blocking, at the best's own GPU time"
+                         + (" (the qualification decided)" if "qualify" in names else "") + ": "
+                         + ", ".join(f"{u['case']} {u['why']}" for u in shared))
         verdict = {"stages": [s.summary() for s in stages],
                    # a qualification that measured a vector over the limit answered: the stable cell says it
                    "failed_stage": next((s.name for s in stages
@@ -220,7 +227,7 @@ class Evaluator:
                    "cases": [_case_numbers(c) for c in (check or {}).get("cases", [])],
                    # "yes", "no (why)" or "-" (not measured: no CUDA, or never reached), and the cases that were not
                    "stable": stable_cell, "stability_note": stable_note,
-                   "unstable": unstable_cases(check, qualified) if self.cuda else [],
+                   "unstable": unstable_cases(check, qualified, best_check) if self.cuda else [],
                    "note": "; ".join(notes)}
         verdict["valid"] = verdict["failed_stage"] is None and verdict["score"] is not None
         # on a GPU a keeper has passed the qualification; without one nothing is measured and nothing blocks

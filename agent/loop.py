@@ -144,7 +144,7 @@ class Run:
         evaluator = Evaluator(self.task, self.config.panel, self.config.cuda,
                               self.workspace.state_dir / "attempts" / name, self.state.eval_limit_s)
         verdict = evaluator.evaluate(self.tools.candidate, self.best_dir, self.state.best_is_baseline,
-                                     self.config.full_check, self.state.best_score)
+                                     self.config.full_check, self.state.best_score, self.best_profile())
         strata = verdict["strata"] or {}
         text = summary + (f"; hypothesis: {hypothesis}" if hypothesis and hypothesis not in summary else "")
         row = {"time (UTC)": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S"), "run": self.state.run_id,
@@ -178,8 +178,11 @@ class Run:
         verdict = entry["verdict"]
         if entry["keep"]:
             report = self.workspace.state_dir / "attempts" / entry.get("eval_dir", "") / "selfcheck.json"
+            best_report = self.workspace.state_dir / "best_selfcheck.json"
             if report.is_file():
-                (self.workspace.state_dir / "best_selfcheck.json").write_text(report.read_text())
+                best_report.write_text(report.read_text())
+            else:  # the old best's numbers are not the new best's: no reference rather than a wrong one
+                best_report.unlink(missing_ok=True)
             self.state.best_label, self.state.best_score, self.state.best_is_baseline = (
                 entry["version"], verdict["score"], False)
         self.state.attempts = entry["iteration"]

@@ -11,29 +11,60 @@ Pure functions of those JSON reports (agent/ never imports evals/), so the rule 
 from __future__ import annotations
 
 LIMIT = 1.15  # the verifier's max/min limit, as a qualification report that does not give its own "limit" uses
+# A flagged case whose GPU time per call is at least (1 - this) x the best's there does not block a keep: the
+# probe's run-to-run spread of one plan's GPU time. The host cost is not compared: one plan's drifts between processes
+# (main's on 18x8192x8192: 10.1 and 17.5 us in two verifier runs on one H200), so the candidate's own host work is
+# left to the qualification, which times both together.
+GPU_TOLERANCE = 0.03
 
 
 def _num(value: object, fmt: str) -> str:
     return "?" if not isinstance(value, (int, float)) else format(value, fmt)
 
 
-def _host_bound(selfcheck: dict | None) -> list[dict]:
-    """The selfcheck's cases measured unstable (``stable`` False, or named in ``stability.unstable_cases``)."""
+def _is_num(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _flagged(selfcheck: dict | None, reference: dict | None = None) -> tuple[list[dict], list[dict]]:
+    """The selfcheck's cases measured unstable (``stable`` False, or named in ``stability.unstable_cases``), split in
+    two: those that block a keep, and those shared with the best. A flagged case whose GPU time per call is at least
+    (1 - GPU_TOLERANCE) x ``reference``'s there (the best's own selfcheck) does as much GPU work per call as the best's
+    plan, which sits as near the 1.3 ratio: it does not block the keep untried, and the qualification, which times the
+    candidate under the verifier's own schedule, decides a would-be keeper. Without a reference every flagged case
+    blocks."""
     report = selfcheck or {}
     cases = report.get("cases") or []
     named = set((report.get("stability") or {}).get("unstable_cases") or [])
     ratio = (report.get("stability") or {}).get("ratio_min")
-    found = []
+    best_gpu = {(c.get("case") or {}).get("name"): c.get("gpu_us") for c in (reference or {}).get("cases") or []}
+    blocking, shared = [], []
     for case in cases:
         name = (case.get("case") or {}).get("name")
         if case.get("stable") is False or name in named:
-            gpu, host = case.get("gpu_us"), case.get("host_us")
-            measured = all(isinstance(v, (int, float)) for v in (gpu, host, ratio))
+            gpu, host, theirs = case.get("gpu_us"), case.get("host_us"), best_gpu.get(name)
+            measured = all(_is_num(v) for v in (gpu, host, ratio))
             why = (f"GPU {gpu:.1f} us below {ratio:.2f}x host {host:.1f} us" if measured
                    else case.get("stable_note") or "host-bound")
-            found.append({"case": name, "stratum": (case.get("case") or {}).get("stratum"), "why": why,
-                          "note": case.get("stable_note") or why})
-    return found
+            entry = {"case": name, "stratum": (case.get("case") or {}).get("stratum"), "why": why,
+                     "note": case.get("stable_note") or why}
+            if measured and _is_num(theirs) and gpu >= (1 - GPU_TOLERANCE) * theirs:
+                entry["why"] = f"{why}; the best's {theirs:.1f} us"
+                shared.append(entry)
+            else:
+                blocking.append(entry)
+    return blocking, shared
+
+
+def _host_bound(selfcheck: dict | None, reference: dict | None = None) -> list[dict]:
+    """The selfcheck's host-bound cases that block a keep (``_flagged``)."""
+    return _flagged(selfcheck, reference)[0]
+
+
+def shared_cases(selfcheck: dict | None, reference: dict | None) -> list[dict]:
+    """The selfcheck's host-bound cases at the best's own GPU time (``_flagged``): they do not block a keep; the
+    qualification decides a would-be keeper."""
+    return _flagged(selfcheck, reference)[1]
 
 
 def _over_limit(qualify: dict | None) -> list[dict]:
@@ -51,33 +82,37 @@ def _over_limit(qualify: dict | None) -> list[dict]:
     return found
 
 
-def unstable_cases(selfcheck: dict | None, qualify: dict | None) -> list[dict]:
+def unstable_cases(selfcheck: dict | None, qualify: dict | None, reference: dict | None = None) -> list[dict]:
     """Each case a report measured unstable, as ``{"case", "stratum", "why", "note"}``: ``why`` is short (a ledger
-    decision quotes it), ``note`` the evaluator's own words. The selfcheck's host-bound cases when it found any (the
-    qualification does not run then), else the qualification's cases over the limit."""
-    return _host_bound(selfcheck) or _over_limit(qualify)
+    decision quotes it), ``note`` the evaluator's own words. The selfcheck's host-bound cases that block a keep when
+    it found any (the qualification does not run then), else the qualification's cases over the limit."""
+    return _host_bound(selfcheck, reference) or _over_limit(qualify)
 
 
-def stability_block(selfcheck: dict | None, qualify: dict | None) -> tuple[bool, str, str]:
+def stability_block(selfcheck: dict | None, qualify: dict | None,
+                    reference: dict | None = None) -> tuple[bool, str, str]:
     """Whether a candidate may be kept as far as stability goes, its ledger cell and the reason: ``(ok, cell, note)``.
 
     ``selfcheck`` is a GPU selfcheck report (per case ``stable``, ``gpu_us``, ``host_us``, ``stable_note``; top-level
     ``stability``); ``qualify`` the qualification report, None when it did not run (a candidate that would not be
-    kept), ``{"measured": False, "note": ...}`` when it ran and measured nothing. Call it only for GPU runs: under the
-    interpreter nothing is measured and the cell is "-".
+    kept), ``{"measured": False, "note": ...}`` when it ran and measured nothing; ``reference`` the best's selfcheck
+    report, whose GPU times make a host-bound case the best shares not block (``shared_cases``). Call it only for GPU
+    runs: under the interpreter nothing is measured and the cell is "-".
 
-    - a case the selfcheck found host-bound: ``(False, "no (host-bound: CASE)", "host-bound on the GPU, ...: CASE:
-      its stable_note")``;
+    - a case the selfcheck found host-bound, not shared with the best (or a top-level "unstable" naming a case it
+      does not list): ``(False, "no (host-bound: CASE)", "host-bound on the GPU, ...: CASE: its stable_note")``;
     - a qualification vector over the limit: ``(False, "no (CASE SCHEDULE max/min X)", "unstable under the
       verifier's schedule: CASE SCHEDULE max/min X > 1.15")``;
     - a qualification that measured nothing, or failed with no vector over the limit (a child that crashed):
       ``(False, "-", "not qualified: ...")`` (a keep needs its pass);
     - a qualification that passed, or no qualification and a selfcheck that found every case stable: ``(True, "yes",
+      "")``; no qualification and only cases shared with the best flagged: ``(True, "as best (host-bound: CASE)",
       "")``; nothing measured: ``(True, "-", "")``.
     """
     stability = (selfcheck or {}).get("stability") or {}
-    host_bound = _host_bound(selfcheck)
-    if host_bound or stability.get("stable") is False:
+    host_bound, shared = _flagged(selfcheck, reference)
+    unlisted = set(stability.get("unstable_cases") or []) - {u["case"] for u in host_bound + shared}
+    if host_bound or (stability.get("stable") is False and (not shared or unlisted)):
         named = host_bound[0]["case"] if len(host_bound) == 1 else f"{len(host_bound)} cases"
         why = "; ".join(f"{u['case']}: {u['note']}" for u in host_bound) or stability.get("note") or "no case named"
         return (False, f"no (host-bound: {named})" if host_bound else "no (host-bound)",
@@ -98,6 +133,8 @@ def stability_block(selfcheck: dict | None, qualify: dict | None) -> tuple[bool,
             return False, "-", "not qualified: " + ("; ".join(errors)[:600] or "it did not pass, and no vector is over "
                                                     "the limit")
         return True, "yes", ""
+    if shared:
+        return True, f"as best (host-bound: {shared[0]['case'] if len(shared) == 1 else f'{len(shared)} cases'})", ""
     return True, "yes" if stability.get("stable") is True else "-", ""
 
 

@@ -243,7 +243,8 @@ def profile_text(report: dict) -> str:
     unstable = [f"{c['case']['name']}: {c.get('stable_note') or 'unstable'}" for c in report.get("cases", [])
                 if c.get("stable") is False]
     if unstable:
-        lines.append("host-bound (the verifier's dispersion gate fails them; a candidate with one is not kept): "
+        lines.append("host-bound (the verifier's dispersion gate can fail them; a candidate is not kept with one "
+                     "whose GPU time is more than 3% below the best's there): "
                      + "; ".join(unstable))
     if report.get("interpreted"):
         lines.append("note: no GPU: these are Triton-interpreter wall times, not GPU timings")

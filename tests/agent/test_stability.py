@@ -1,5 +1,6 @@
 """The loop keeps only what the verifier would accept: a candidate the verifier could not time (a case host-bound in
-the selfcheck, or a vector over max/min 1.15 under the verifier's schedule) is never kept, and without CUDA the
+the selfcheck with less GPU time than the best's plan there, or a vector over max/min 1.15 under the verifier's
+schedule) is never kept; a host-bound case at the best's own GPU time is left to that qualification; without CUDA the
 qualification never runs and nothing claims stability.
 
 This machine has no GPU. The CUDA branch runs the real ``Evaluator.evaluate`` with ``cuda=True`` on stand-in
@@ -17,7 +18,7 @@ from agent.config import Task
 from agent.evaluate import Evaluator
 from agent.ledger import COLUMNS, format_row, parse_row, rows
 from agent.loop import decision
-from agent.stability import stability_block, unstable_cases
+from agent.stability import shared_cases, stability_block, unstable_cases
 from agent.tools import profile_text
 from tests.conftest import ROOT
 
@@ -97,6 +98,53 @@ def test_a_host_bound_case_blocks_the_keep_before_anything_slow_runs(tmp_path: P
                                     "11.2 us", "note": HOST_BOUND_NOTE}]
     assert f"c1: {HOST_BOUND_NOTE}" in verdict["note"]  # which case and the evaluator's own why
     assert decision(verdict) == "revert (unstable: c1 GPU 9.1 us below 1.30x host 11.2 us; ~1.420x best)"
+
+
+def test_a_host_bound_case_the_best_shares_is_left_to_the_qualification(tmp_path: Path):
+    """c1 is host-bound in the candidate's selfcheck at the GPU time the best's own selfcheck measured there (its plan
+    is as far from its host as the best's): the host moved, not the candidate, so it does not block untried; the
+    candidate is timed against the best and qualified under the verifier's schedule, which decides."""
+    best = solution(tmp_path, "best", 1.0, 1.0)
+    best_check = gpu_report(("c0", "balanced", True, 30.0), ("c1", "expert-batch", True, 9.2))
+    fast = solution(tmp_path, "fast", 1.42, 1.4, host_bound=["c1"], qualify_max_min=1.04)
+    verdict = evaluator(tmp_path, cuda=True).evaluate(fast, best, best_is_baseline=False, full_check=False,
+                                                      best_score=1.0, best_check=best_check)
+    assert [s["name"] for s in verdict["stages"]][:4] == ["policy", "selfcheck", "versus_best", "qualify"]
+    assert len(qualify_calls(fast)) == 1
+    assert verdict["keep"] and verdict["stable"] == "yes" and verdict["unstable"] == []
+    assert ("stability: not blocking, at the best's own GPU time (the qualification decided): c1 GPU 9.1 us below "
+            "1.30x host 11.2 us; the best's 9.2 us") in verdict["note"]
+    # the qualification still answers: over the limit there, the same candidate is not kept
+    fast2 = solution(tmp_path, "fast2", 1.42, 1.4, host_bound=["c1"], qualify_max_min=1.21)
+    verdict = evaluator(tmp_path / "2", cuda=True).evaluate(fast2, best, best_is_baseline=False, full_check=False,
+                                                            best_score=1.0, best_check=best_check)
+    assert not verdict["keep"] and verdict["stable"] == "no (c1 spec max/min 1.210)"
+    # not faster than the best: no qualification, and the cell says the case is host-bound only as the best is
+    level = solution(tmp_path, "level", 1.0, 0.99, host_bound=["c1"])
+    verdict = evaluator(tmp_path / "3", cuda=True).evaluate(level, best, best_is_baseline=False, full_check=False,
+                                                            best_score=1.0, best_check=best_check)
+    assert [s["name"] for s in verdict["stages"]] == ["policy", "selfcheck", "versus_best"] and not qualify_calls(level)
+    assert verdict["stable"] == "as best (host-bound: c1)" and verdict["unstable"] == []
+    assert "not blocking, at the best's own GPU time: c1" in verdict["note"]
+    assert decision(verdict) == "revert (0.990x best, noise 0.005)"
+
+
+def test_a_host_bound_case_the_candidate_moved_toward_its_host_still_blocks(tmp_path: Path):
+    """The best's plan took 12 us of GPU time on c1 and the candidate's takes 9.1: the candidate made c1 host-bound,
+    so it is not kept, and neither the comparison nor the qualification runs."""
+    best = solution(tmp_path, "best", 1.0, 1.0)
+    best_check = gpu_report(("c0", "balanced", True, 30.0), ("c1", "expert-batch", True, 12.0))
+    fast = solution(tmp_path, "fast", 1.42, 1.5, host_bound=["c1"])
+    verdict = evaluator(tmp_path, cuda=True).evaluate(fast, best, best_is_baseline=False, full_check=False,
+                                                      best_score=1.0, best_check=best_check)
+    assert [s["name"] for s in verdict["stages"]] == ["policy", "selfcheck"] and not qualify_calls(fast)
+    assert not verdict["keep"] and verdict["stable"] == "no (host-bound: c1)"
+    assert "not blocking" not in verdict["note"]
+    # a best whose GPU time there was not measured is no reference: the case blocks as it would without one
+    unmeasured = gpu_report(("c0", "balanced", True, 30.0), ("c1", "expert-batch", None, None))
+    verdict = evaluator(tmp_path / "2", cuda=True).evaluate(fast, best, best_is_baseline=False, full_check=False,
+                                                            best_score=1.0, best_check=unmeasured)
+    assert not verdict["keep"] and verdict["stable"] == "no (host-bound: c1)"
 
 
 def test_a_keeper_is_qualified_alone_then_checked_and_kept_when_every_vector_passes(tmp_path: Path):
@@ -200,6 +248,21 @@ def test_stability_block_on_crafted_reports():
     assert unstable_cases(None, failed) == [{"case": "b", "stratum": "expert-batch", "why": why,
                                              "note": f"under the verifier's schedule: {why}"}]
     assert unstable_cases(one, failed)[0]["case"] == "b" and unstable_cases(one, failed)[0]["why"].startswith("GPU")
+    # with the best's selfcheck: a case at >= 0.97x the best's GPU time does not block, nor does the top-level
+    # "unstable" that only such cases make; a case faster on the GPU than the best's plan there still does
+    best = gpu_report(("a", "expert-batch", True, 9.3), ("b", "expert-batch", True, 9.2))  # 9.1 >= 0.97 x each
+    assert stability_block(one, None, best) == (True, "as best (host-bound: b)", "")
+    assert stability_block(one, passed, best) == (True, "yes", "")
+    assert unstable_cases(one, None, best) == [] and [u["case"] for u in shared_cases(one, best)] == ["b"]
+    assert stability_block(two, None, best) == (True, "as best (host-bound: 2 cases)", "")
+    slower_best = gpu_report(("a", "expert-batch", True, 9.5), ("b", "expert-batch", True, 9.2))  # 9.1 < 0.97 x 9.5
+    assert stability_block(two, None, slower_best)[:2] == (False, "no (host-bound: a)")
+    assert [u["case"] for u in unstable_cases(two, None, slower_best)] == ["a"]
+    assert [u["case"] for u in shared_cases(two, slower_best)] == ["b"]  # one blocks, one is shared: it blocks
+    # a top-level "unstable" naming a case the report does not list still blocks, shared cases or not
+    ghost = {**one, "stability": {**one["stability"], "unstable_cases": ["b", "z"]}}
+    assert stability_block(ghost, None, best)[:2] == (False, "no (host-bound)")
+    assert stability_block(two, None, {"cases": []})[:2] == (False, "no (host-bound: 2 cases)")
     # a qualification that could not time (a child that crashed) blocks the keep without calling the candidate unstable
     crashed = {**passed, "passed": False, "failures": ["the spec child failed: exit status 1: boom"]}
     assert stability_block(stable, crashed) == (False, "-", "not qualified: the spec child failed: exit status 1: boom")
