@@ -22,6 +22,7 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
 
+
 ROOT = Path(__file__).resolve().parent.parent
 REDTEAM = Path(__file__).resolve().parent / "redteam"
 sys.path.insert(0, str(ROOT))
