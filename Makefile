@@ -59,8 +59,8 @@ sealed-panel: ## draw a sealed panel outside the repository: SEED=1 [FILE=path]
 policy: ## the source policy on a solution's files: SOLUTION=methods/main
 	$(PY) -m evals.policy $(SOLUTION)
 
-profile: ## roofline and profiler summary per case: SOLUTION=methods/main PANEL=visible [JSON=]
-	$(PY) -m evals.profile --solution $(SOLUTION) --panel $(PANEL) $(if $(JSON),--json $(JSON))
+profile: ## roofline and profiler summary per case: SOLUTION=methods/main PANEL=visible [NCU=1 (Nsight Compute)] [JSON=]
+	$(PY) -m evals.profile --solution $(SOLUTION) --panel $(PANEL) $(if $(NCU),--ncu) $(if $(JSON),--json $(JSON))
 
 sweep: ## tuning overrides of a solution on the GPU, checked then timed in child processes: SOLUTION= [GRID=evals/sweep_grid.json] [JSON=]
 	$(PY) -m evals.sweep --solution $(SOLUTION) --grid $(GRID) --panel $(PANEL) $(if $(JSON),--json $(JSON))

@@ -1,19 +1,24 @@
 """Profiler feedback for a solution: where each case stands against the GPU's measured ceilings, and why.
 
-    .venv/bin/python -m evals.profile --solution DIR [--panel visible|smoke|FILE] [--ncu] [--json OUT]
+    .venv/bin/python -m evals.profile --solution DIR [--panel visible|smoke|FILE] [--ncu] [--overrides JSON]
+                                      [--json OUT]
 
 Per case: median latency; the bytes the case must move and the achieved GB/s as a fraction of the measured copy
 bandwidth; FLOP and the fraction of the measured fp16 matmul rate; host time per call against GPU time per call
 (the launch-overhead share); the kernels one call launches with their grids against the SM count and their
 registers and shared memory (torch.profiler); each Triton kernel's registers and spills (Triton's compiled-kernel
-metadata); with --ncu, where Nsight Compute works, DRAM throughput and achieved occupancy of the main kernel. Then a
-bottleneck label with the evidence behind it. The two ceilings are measured once per device and cached in
-~/.cache/kloop/. Without a GPU it says so and reports the static numbers (bytes, FLOP).
+metadata); with --ncu, where Nsight Compute works, the main kernel's DRAM, L2 and L1 throughput, achieved and
+theoretical occupancy, issue activity, registers, shared memory and top stall reasons. Then a bottleneck label with
+the evidence behind it. ``--overrides JSON`` passes tuning overrides to a family's ``build(..., config=)``. The two
+ceilings are measured once per device and cached in ~/.cache/kloop/. Without a GPU it says so and reports the static
+numbers (bytes, FLOP).
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -30,8 +35,25 @@ from evals.selfcheck import CANDIDATE_ERRORS, error_record
 
 CACHE = Path.home() / ".cache" / "kloop" / "device_rates.json"
 PROFILED_CALLS = 20
-NCU_METRICS = ("dram__throughput.avg.pct_of_peak_sustained_elapsed",
-               "sm__warps_active.avg.pct_of_peak_sustained_active")
+# Nsight Compute: the sections whose metrics the summary reads (its raw page lists every metric they collect), and
+# the summary's names for the metrics it keeps.
+NCU_SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "SchedulerStats")
+NCU_METRICS = {
+    "duration_us": "gpu__time_duration.sum",
+    "dram_throughput_pct": "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+    "l2_throughput_pct": "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+    "l1_throughput_pct": "l1tex__throughput.avg.pct_of_peak_sustained_active",
+    "achieved_occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "theoretical_occupancy_pct": "sm__maximum_warps_per_active_cycle_pct",
+    "issue_active_pct": "smsp__issue_active.avg.pct_of_peak_sustained_active",
+    "registers_per_thread": "launch__registers_per_thread",
+    "shared_bytes_dynamic": "launch__shared_mem_per_block_dynamic",
+    "shared_bytes_static": "launch__shared_mem_per_block_static",
+    "grid_size": "launch__grid_size",
+    "block_size": "launch__block_size",
+}
+# stall reasons: warps stalled on each, per issued instruction (WarpStateStats)
+NCU_STALL = re.compile(r"^smsp__average_warps?_issue_stalled_(\w+?)_per_issue_active\.ratio$")
 
 
 @dataclass
@@ -145,29 +167,64 @@ def label(p: CaseProfile, sm_count: int) -> tuple[str, str]:
                             f"{programs} programs on {sm_count} SMs")
 
 
-def run_ncu(solution: Path, case: kh.Case) -> dict:
-    """DRAM throughput and achieved occupancy of the longest kernel, from Nsight Compute in a child process."""
+def run_ncu(solution: Path, case: kh.Case, kernel: str, overrides: dict | None = None) -> dict:
+    """Kernel ``kernel`` (a name as torch.profiler gives it: the call's longest) under Nsight Compute in a child
+    process, its fourth launch of five calls: DRAM, L2 and L1 throughput, achieved and theoretical occupancy, issue
+    activity, registers and shared memory, and the top stall reasons."""
     if shutil.which("ncu") is None:
         return {"available": False, "reason": "ncu is not on PATH"}
-    command = ["ncu", "--clock-control", "none", "--csv", "--metrics", ",".join(NCU_METRICS), "--launch-skip", "3",
-               "--launch-count", "1", sys.executable, "-m", "evals.profile", "--solution", str(solution),
-               "--ncu-target", json.dumps(asdict(case))]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=300,
+    target = [sys.executable, "-m", "evals.profile", "--solution", str(solution), "--ncu-target",
+              json.dumps(asdict(case))] + (["--overrides", json.dumps(overrides)] if overrides else [])
+    # only this kernel's launches count: building and the inputs launch kernels of their own first
+    command = ["ncu", "--clock-control", "none", "--csv", "--page", "raw", "--kernel-name-base", "demangled",
+               "--kernel-name", "regex:^" + re.escape(kernel[:80]), "--launch-skip", "3", "--launch-count", "1",
+               *[arg for section in NCU_SECTIONS for arg in ("--section", section)], *target]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=600,
                          cwd=Path(__file__).resolve().parent.parent)
-    values = {}
-    for line in run.stdout.splitlines():
-        cells = [c.strip('"') for c in line.split('","')]
-        for metric in NCU_METRICS:
-            if metric in cells:
-                values[metric] = cells[-1].strip('"')
-    if not values:
+    summary = parse_ncu_raw(run.stdout)
+    if summary is None:
         return {"available": False,
                 "reason": (run.stderr or run.stdout).strip().splitlines()[-1:] or "no metrics in ncu output"}
-    return {"available": True, "dram_throughput_pct": values.get(NCU_METRICS[0]),
-            "achieved_occupancy_pct": values.get(NCU_METRICS[1])}
+    if not summary["stalls"] or any(summary[key] is None for key in NCU_METRICS):
+        summary["raw_csv"] = run.stdout[-200_000:]  # what this ncu names differently, to read
+    return {"available": True, **summary}
 
 
-def profile_case(solution: Path, case: kh.Case, device: torch.device, rates: dict | None, use_ncu: bool) -> CaseProfile:
+def parse_ncu_raw(text: str) -> dict | None:
+    """The summary of the first profiled kernel in ``ncu --csv --page raw`` output (a header row of metric names, a
+    row of units, a row per kernel), or None where there is none. Numbers are floats; stalls are
+    ``[[reason, warps per issued instruction], ...]``, largest first."""
+    rows = [row for row in csv.reader(line for line in text.splitlines() if line.startswith('"'))]
+    header = next((i for i, row in enumerate(rows) if "gpu__time_duration.sum" in row or "Kernel Name" in row), None)
+    if header is None or len(rows) < header + 3:
+        return None
+    names, units, values = rows[header], rows[header + 1], rows[header + 2]
+    cells = dict(zip(names, values))
+    scale = dict(zip(names, units))
+
+    def number(metric):
+        try:
+            value = float(cells[metric].replace(",", ""))
+        except (KeyError, ValueError):
+            return None
+        unit = scale.get(metric, "")
+        return value * {"ns": 1e-3, "nsecond": 1e-3, "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6,
+                        "Kbyte": 1e3, "Mbyte": 1e6, "KB": 1e3, "MB": 1e6, "KiB": 1024.0,
+                        "MiB": 1048576.0}.get(unit.split("/")[0], 1.0)  # times in us, sizes in bytes
+
+    summary = {key: number(metric) for key, metric in NCU_METRICS.items()}
+    stalls = []
+    for metric in cells:
+        found = NCU_STALL.match(metric)
+        if found and number(metric) is not None:
+            stalls.append([found.group(1), round(number(metric), 3)])
+    summary["stalls"] = sorted(stalls, key=lambda item: -item[1])
+    summary["kernel"] = cells.get("Kernel Name", "")
+    return summary if any(v is not None for k, v in summary.items() if k in NCU_METRICS) else None
+
+
+def profile_case(solution: Path, case: kh.Case, device: torch.device, rates: dict | None, use_ncu: bool,
+                 overrides: dict | None = None) -> CaseProfile:
     p = CaseProfile(case=kh.case_dict(case), bytes=case.bytes_moved(), flop=2 * case.m * case.k * case.n)
     if rates is None:
         p.bottleneck, p.evidence = "unknown", (f"no GPU: {p.bytes:,} bytes and {p.flop:,} FLOP per call; latency, "
@@ -177,7 +234,7 @@ def profile_case(solution: Path, case: kh.Case, device: torch.device, rates: dic
     try:
         module = load_solution(solution)
         t = kh.generate(case, "normal", device)
-        fn = module.build(t.qweight, t.scales, t.bias, case.epilogue)
+        fn = build(module, t, case, overrides)
         inputs = kh.make_inputs(case, 16, seed=4, device=device)
         times = kh.time_groups(fn, inputs, groups=11, calls_per_group=256, warmup=256)
         p.median_us = kh.median(times)
@@ -191,7 +248,9 @@ def profile_case(solution: Path, case: kh.Case, device: torch.device, rates: dic
         p.launch_overhead_share = max(0.0, 1 - p.gpu_us_per_call / p.median_us)
         p.triton_kernels = triton_kernels(module)
         if use_ncu:
-            p.ncu = run_ncu(solution, case)
+            longest = max(p.kernels, key=lambda k: k.gpu_us * k.calls_per_call, default=None)
+            p.ncu = (run_ncu(solution, case, longest.name, overrides) if longest else
+                     {"available": False, "reason": "the profiler saw no kernel"})
         p.bottleneck, p.evidence = label(p, torch.cuda.get_device_properties(device).multi_processor_count)
     except CANDIDATE_ERRORS as exc:
         p.error = error_record("profile", exc)
@@ -201,26 +260,33 @@ def profile_case(solution: Path, case: kh.Case, device: torch.device, rates: dic
     return p
 
 
-def ncu_target(solution: Path, case_json: str) -> None:
+def build(module, t, case: kh.Case, overrides: dict | None):
+    """The solution's callable for one case; ``overrides`` go to a family's ``build(..., config=)`` (tuning only)."""
+    if overrides:
+        return module.build(t.qweight, t.scales, t.bias, case.epilogue, config=overrides)
+    return module.build(t.qweight, t.scales, t.bias, case.epilogue)
+
+
+def ncu_target(solution: Path, case_json: str, overrides: dict | None = None) -> None:
     """What ncu runs: a few calls of one case, nothing else on the GPU after the warm-up launches."""
     case = kh.Case(**json.loads(case_json))
     t = kh.generate(case, "normal", "cuda")
-    fn = load_solution(solution).build(t.qweight, t.scales, t.bias, case.epilogue)
+    fn = build(load_solution(solution), t, case, overrides)
     for _ in range(5):
         fn(t.x, t.residual)
     torch.cuda.synchronize()
 
 
-def run(solution: Path, panel: str, use_ncu: bool = False, log=print) -> dict:
+def run(solution: Path, panel: str, use_ncu: bool = False, log=print, overrides: dict | None = None) -> dict:
     info = kh.select_device()
     log(info.message)
     rates = device_rates(info.device) if info.device.type == "cuda" else None
     profiles = []
     for case in kh.load_panel(panel):
-        profiles.append(profile_case(solution, case, info.device, rates, use_ncu))
+        profiles.append(profile_case(solution, case, info.device, rates, use_ncu, overrides))
         log(format_row(profiles[-1]))
-    return {"solution": str(solution), "panel": str(panel), "device": info.name, "rates": rates,
-            "cases": [asdict(p) for p in profiles]}
+    return {"solution": str(solution), "panel": str(panel), "overrides": overrides, "device": info.name,
+            "rates": rates, "cases": [asdict(p) for p in profiles]}
 
 
 def format_row(p: CaseProfile) -> str:
@@ -238,27 +304,49 @@ def format_row(p: CaseProfile) -> str:
         line += (f"\n    triton {t['kernel']}: {t['registers']} registers, {t['spills']} spills, "
                  f"{t['shared_memory_bytes']} B shared")
     if p.ncu:
-        line += f"\n    ncu: {p.ncu}"
+        line += "\n    ncu: " + format_ncu(p.ncu)
     if p.error:
         line += f"\n    error: {p.error['name']}: {p.error['message']}"
     return line
+
+
+def format_ncu(ncu: dict) -> str:
+    if not ncu.get("available"):
+        return f"not available: {ncu.get('reason')}"
+
+    def num(key, fmt=".1f"):
+        return "-" if ncu.get(key) is None else format(ncu[key], fmt)
+    shared = sum(ncu.get(key) or 0 for key in ("shared_bytes_dynamic", "shared_bytes_static"))
+    stalls = ", ".join(f"{reason} {value:.2f}" for reason, value in ncu.get("stalls", [])[:4]) or "-"
+    return (f"{num('duration_us', '.2f')} us; DRAM {num('dram_throughput_pct')}%, L2 {num('l2_throughput_pct')}%, "
+            f"L1 {num('l1_throughput_pct')}%; occupancy {num('achieved_occupancy_pct')}% achieved of "
+            f"{num('theoretical_occupancy_pct')}%; issue active {num('issue_active_pct')}%; "
+            f"{num('registers_per_thread', '.0f')} registers, {shared:.0f} B shared; grid {num('grid_size', '.0f')} x "
+            f"{num('block_size', '.0f')}; top stalls (warps per issue): {stalls}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=".venv/bin/python -m evals.profile", description=__doc__.split("\n")[0])
     parser.add_argument("--solution", default="methods/main", help="solution directory (default methods/main)")
     parser.add_argument("--panel", help="visible, smoke or a panel JSON file (default: visible with CUDA, else smoke)")
-    parser.add_argument("--ncu", action="store_true", help="add Nsight Compute's DRAM throughput and occupancy (slow)")
+    parser.add_argument("--ncu", action="store_true",
+                        help="add Nsight Compute's throughputs, occupancy, registers, shared memory and stall reasons "
+                             "(slow)")
+    parser.add_argument("--overrides", help="JSON dict of tuning overrides for a family's build(..., config=)")
     parser.add_argument("--json", help="write the full report here")
     parser.add_argument("--ncu-target", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
         solution = resolve_solution_dir(args.solution)
+        overrides = json.loads(args.overrides) if args.overrides else None
+        if overrides is not None and not isinstance(overrides, dict):
+            raise ValueError(f"--overrides must be a JSON object; got {args.overrides!r}")
         if args.ncu_target:
-            ncu_target(solution, args.ncu_target)
+            ncu_target(solution, args.ncu_target, overrides)
             return 0
-        report = run(solution, args.panel or kh.default_panel(), args.ncu, log=lambda line: print(line, flush=True))
-    except (FileNotFoundError, ValueError, kh.SetupError) as exc:
+        report = run(solution, args.panel or kh.default_panel(), args.ncu, log=lambda line: print(line, flush=True),
+                     overrides=overrides)
+    except (FileNotFoundError, ValueError, kh.SetupError) as exc:  # a bad --overrides JSON is a ValueError too
         print(f"profile: {exc}", file=sys.stderr)
         return 2
     if args.json:

@@ -7,8 +7,12 @@ import pytest
 import torch
 
 from evals import kernel_harness as kh
-from evals.profile import CaseProfile, KernelLaunch, label
+from evals.profile import CaseProfile, KernelLaunch, format_ncu, label, parse_ncu_raw
 from tests.conftest import ROOT
+
+# `ncu --csv --page raw` with the summary's sections, as Nsight Compute 2025.3 printed it on an H200 (one kernel: a
+# torch elementwise kernel that a target's set-up launched; the parser reads any kernel the same way)
+NCU_RAW = ROOT / "tests" / "evals" / "data" / "ncu-raw-h200.csv"
 
 
 def profile(grid, **numbers):
@@ -68,3 +72,24 @@ def test_v0_profile_on_the_gpu(tmp_path, panel_file):
     assert case["kernels"] and case["kernels"][0]["calls_per_call"] == 1 and case["kernels"][0]["grid"]
     assert case["triton_kernels"] and case["triton_kernels"][0]["registers"] > 0
     assert case["bottleneck"] in {"launch-bound", "under-filled grid", "memory-bound", "compute-bound"}
+
+
+def test_the_ncu_summary_reads_nsight_computes_raw_page():
+    summary = parse_ncu_raw(NCU_RAW.read_text())
+    assert summary["kernel"].startswith("void vectorized_elementwise_kernel")
+    assert summary["duration_us"] == pytest.approx(3.2)  # "3,200" ns
+    assert (summary["dram_throughput_pct"], summary["l2_throughput_pct"]) == (13.87, 31.93)
+    assert (summary["achieved_occupancy_pct"], summary["theoretical_occupancy_pct"]) == (18.26, 100.0)
+    assert summary["issue_active_pct"] == 4.45
+    assert (summary["registers_per_thread"], summary["shared_bytes_dynamic"], summary["grid_size"]) == (32, 0, 512)
+    # stall reasons, largest first, named without the metric's prefix and suffix
+    assert summary["stalls"][:2] == [["long_scoreboard", 45.91], ["no_instruction", 7.35]]
+    assert all(a[1] >= b[1] for a, b in zip(summary["stalls"], summary["stalls"][1:]))
+    line = format_ncu({"available": True, **summary})
+    assert "DRAM 13.9%" in line and "32 registers" in line and "long_scoreboard 45.91" in line
+
+
+@pytest.mark.parametrize("text", ["", "==ERROR== the profiler could not start\n", '"ID","Process ID"\n"1","2"\n'])
+def test_ncu_output_without_a_kernel_row_gives_no_summary(text):
+    assert parse_ncu_raw(text) is None
+    assert format_ncu({"available": False, "reason": "ncu is not on PATH"}) == "not available: ncu is not on PATH"
