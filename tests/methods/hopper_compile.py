@@ -72,8 +72,10 @@ def instructions(ptx: str) -> int:
 def compile_sm90(kernel_fn, pointers: dict, constants: dict, options: dict) -> dict:
     # what the launches specialize on: 16-byte aligned pointers, N and K divisible by 16 (M too at M = 32, which this
     # leaves out: the loop is the same, the epilogue's masks differ)
+    # (a descriptor argument carries its own alignment)
     source = ASTSource(fn=kernel_fn, constexprs=constants, signature=pointers | dict.fromkeys(constants, "constexpr"),
-                       attrs={(i,): [["tt.divisibility", 16]] for i, name in enumerate(pointers) if name != "M"})
+                       attrs={(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(pointers.items())
+                              if name != "M" and not kind.startswith("tensordesc")})
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     ptx = kernel.asm["ptx"]
     # one launch: the last program reads the sums, then zeroes them, maybe in another thread layout; a barrier must
@@ -87,8 +89,11 @@ def compile_sm90(kernel_fn, pointers: dict, constants: dict, options: dict) -> d
             "f16x2_dequant": "sub.f16x2" in ptx,
             "barrier_after_reads": bool(zeroing) and "bar.sync" in ptx[reads:reads + zeroing.start()],
             "wgmma": "wgmma.mma_async" in ptx,
-            # the dequantized tile through shared memory: an ldmatrix in the loop body (an epilogue may use one)
-            "ldmatrix_in_loop": "ldmatrix" in body, **options}
+            # the words through the copy engine: a bulk tensor copy in the machine code
+            "tma": "cp.async.bulk.tensor" in ptx,
+            # the dequantized tile through shared memory: a multi-register ldmatrix in the loop body (an epilogue may
+            # use one; SCALE_LOAD 2's pipelined scales come back with single-register ones)
+            "ldmatrix_in_loop": re.search(r"ldmatrix\.sync\.aligned\.m8n8\.x[24]", body) is not None, **options}
 
 
 def kernel_plan(module, case, overrides=None) -> tuple[str, dict, dict, dict]:
@@ -96,12 +101,16 @@ def kernel_plan(module, case, overrides=None) -> tuple[str, dict, dict, dict]:
     cfg = module.plan(case.m, case.k, case.n, overrides)
     blocks = {"BLOCK_SIZE_M": cfg["BLOCK_SIZE_M"], "BLOCK_SIZE_N": cfg["BLOCK_SIZE_N"],
               "BLOCK_SIZE_K": cfg["BLOCK_SIZE_K"]}
-    tuning = {"SCALE_AFTER_DOT": cfg["SCALE_AFTER_DOT"], "DEQUANT": cfg["DEQUANT"]}
+    tuning = {"SCALE_AFTER_DOT": cfg["SCALE_AFTER_DOT"], "DEQUANT": cfg["DEQUANT"], "SCALE_LOAD": cfg["SCALE_LOAD"],
+              "WEIGHT_TMA": cfg["WEIGHT_TMA"]}
     if cfg["GRID"] == 1:
         name, constants = "w4a16_stream_kernel", {"ACTIVATION": 0, **tuning, **blocks}
     else:
         name, constants = "w4a16_splitk_kernel", {"ACTIVATION": 0, "SPLIT_K": cfg["SPLIT_K"], **tuning, **blocks}
-    return name, constants, {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}, cfg
+    options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+    if cfg["MAXNREG"]:
+        options["maxnreg"] = cfg["MAXNREG"]
+    return name, constants, options, cfg
 
 
 def main(solution: str) -> None:
@@ -113,6 +122,9 @@ def main(solution: str) -> None:
     # for each case
     jobs = [(case, None) for case in cases] + [(cases[0], {"SPLIT_K": 1})]
     jobs += [(cases[0], {"DEQUANT": d}) for d in (2, 3)] + [(cases[0], {"SCALE_AFTER_DOT": 0})]
+    # the scales loaded a step early, or as pairs the pipeline streams before the dot; the words through a descriptor
+    jobs += [(cases[0], {"SCALE_LOAD": 1}), (cases[0], {"SCALE_LOAD": 2, "SCALE_AFTER_DOT": 0}),
+             (cases[0], {"WEIGHT_TMA": 1}), (cases[0], {"DEQUANT": 3, "MAXNREG": 96})]
     jobs += [(case, {"GRID": 1}) for case in cases]
     seen, records = set(), []
     for case, overrides in jobs:
@@ -121,10 +133,14 @@ def main(solution: str) -> None:
         if key in seen:
             continue
         seen.add(key)
+        pointers = dict(POINTERS)
+        if cfg["WEIGHT_TMA"]:
+            pointers["q_ptr"] = f"tensordesc<i32[{cfg['BLOCK_SIZE_N']}, 16]>"
         records.append({"case": case.name, "kernel": name, "split_k": constants.get("SPLIT_K", 0),
                         "dequant": cfg["DEQUANT"], "scale_after_dot": cfg["SCALE_AFTER_DOT"],
+                        "scale_load": cfg["SCALE_LOAD"], "weight_tma": cfg["WEIGHT_TMA"], "maxnreg": cfg["MAXNREG"],
                         "block_n": cfg["BLOCK_SIZE_N"],
-                        **compile_sm90(getattr(kernels, name), POINTERS, constants, options)})
+                        **compile_sm90(getattr(kernels, name), pointers, constants, options)})
     print(json.dumps(records))
 
 

@@ -71,7 +71,14 @@ def test_forced_split_k(m, k, n, ep, split_k, mode):
     # each (the direct epilogue), 3 cross several tiles, 1 does everything; 16-row tiles give two M tiles
     {"GRID": 1, "MIN_PROGRAMS": 7}, {"GRID": 1, "MIN_PROGRAMS": 8}, {"GRID": 1, "MIN_PROGRAMS": 3, "LAUNCH": 2},
     {"GRID": 1, "MIN_PROGRAMS": 1}, {"GRID": 1, "MIN_PROGRAMS": 0}, {"GRID": 1, "MIN_PROGRAMS": 6, "BLOCK_SIZE_M": 16},
-    {"GRID": 1, "MIN_PROGRAMS": 9, "SCALE_AFTER_DOT": 0}, {"GRID": 1, "MIN_PROGRAMS": 11, "BLOCK_SIZE_N": 128}])
+    {"GRID": 1, "MIN_PROGRAMS": 9, "SCALE_AFTER_DOT": 0}, {"GRID": 1, "MIN_PROGRAMS": 11, "BLOCK_SIZE_N": 128},
+    # the scales a step early (the last group's row stands in past a split's range) or as 32-bit pairs; the words
+    # through a tensor descriptor (the interpreter reads it as the compiled kernel's copy engine would); a register
+    # cap (compiled kernels only: the interpreter runs the plan as it is)
+    {"SCALE_LOAD": 1}, {"SCALE_LOAD": 1, "SPLIT_K": 3}, {"SCALE_LOAD": 1, "GRID": 1, "MIN_PROGRAMS": 9},
+    {"SCALE_LOAD": 2}, {"SCALE_LOAD": 2, "SCALE_AFTER_DOT": 0, "SPLIT_K": 2, "BLOCK_SIZE_N": 128},
+    {"WEIGHT_TMA": 1}, {"WEIGHT_TMA": 1, "SPLIT_K": 3, "LAUNCH": 2}, {"WEIGHT_TMA": 1, "GRID": 1, "MIN_PROGRAMS": 7},
+    {"MAXNREG": 96, "DEQUANT": 3}])
 @pytest.mark.parametrize("mode", kh.MODES)
 def test_variants(variant, mode):
     _check(kh.Case("variant", 19, 640, 512, "gelu_tanh", 5), mode, variant)
@@ -261,15 +268,37 @@ def test_validation_errors():
     else:  # the interpreter reads tensors, never addresses: the first call of an M checks the devices
         with pytest.raises(ValueError, match="must be on"):
             S.build(t.qweight, t.scales, t.bias, "silu")(t.x.to("meta"), t.residual.to("meta"))
-    for bad in ({"DEQUANT": 7}, {"LAUNCH": 3}, {"GRID": 2}, {"SCALE_AFTER_DOT": 2}):  # a typo is an error
+    for bad in ({"DEQUANT": 7}, {"LAUNCH": 3}, {"GRID": 2}, {"SCALE_AFTER_DOT": 2}, {"SCALE_LOAD": 3},
+                {"WEIGHT_TMA": 2}):  # a typo is an error
         with pytest.raises(ValueError, match=f"{next(iter(bad))} must be one of"):
             S.plan(18, 256, 256, bad)
+    for bad in (8, 300, 96.5, "96"):
+        with pytest.raises(ValueError, match="MAXNREG must be 0"):
+            S.plan(18, 256, 256, {"MAXNREG": bad})
     with pytest.raises(ValueError, match="SPLIT_K must be 0"):
         S.plan(18, 256, 256, {"GRID": 1, "SPLIT_K": 2})
     with pytest.raises(ValueError, match="BLOCK_SIZE_K must equal"):
         S.plan(18, 256, 256, {"BLOCK_SIZE_K": 64})
     with pytest.raises(ValueError, match=r"unknown plan keys \['LAYOUT'\]"):  # a knob this family does not have
         S.build(t.qweight, t.scales, t.bias, "silu", config={"LAYOUT": 3})
+
+
+@pytest.mark.parametrize("scale_load", [0, 2])
+def test_scales_off_16_byte_alignment_are_read_from_an_aligned_copy(scale_load):
+    """SCALE_LOAD 2 reads the scales as 32-bit pairs: a caller's contiguous scales at a 2-byte offset still give the
+    right result (build keeps an aligned copy), and the caller's tensor is left as it was."""
+    case = kh.Case("offset-scales", 18, 640, 512, "silu", 21)
+    t = kh.generate(case, "normal", DEVICE)
+    groups, n = t.scales.shape
+    storage = torch.empty(groups * n + 1, dtype=torch.float16, device=DEVICE)
+    scales = storage[1:].view(groups, n)
+    scales.copy_(t.scales)
+    assert scales.is_contiguous() and scales.data_ptr() % 16 == 2
+    before = scales.clone()
+    out = S.build(t.qweight, scales, t.bias, case.epilogue, config={"SCALE_LOAD": scale_load})(t.x, t.residual)
+    ref = kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
+    assert kh.check_output(out, ref, (case.m, case.n)).ok
+    assert torch.equal(scales, before)
 
 
 def _same_call_again(again, first, ref, case):
@@ -372,15 +401,21 @@ def test_stream_k_plan_and_the_programs_a_gpu_holds_at_once():
 # The family's default plans compiled for sm90: registers per thread, instructions of the K loop and shared memory of
 # the plans the H200 sweeps measured fastest (reports/examples/h200-splitk-sweeps, sweep 2: LAYOUT 3, inline-PTX
 # dequant, one-launch split-K, N tile 64, 4 warps, 4 stages, 3 on the widest tier), with the accumulator path and
-# without, and of the unmeasured variants. A change of these numbers is a change of the kernel the sweeps measured.
-SM90_EXPECTED = {  # (kernel, split?, stages, dequant, scale after dot): (registers, loop SASS instructions, shared)
-    ("w4a16_splitk_kernel", True, 4, 2, 1): ({103, 104}, {208, 209}, 45056),
-    ("w4a16_splitk_kernel", True, 3, 2, 1): ({104}, {209}, 32768),
-    ("w4a16_splitk_kernel", False, 4, 2, 1): ({95}, {195}, 45056),
-    ("w4a16_splitk_kernel", True, 4, 3, 1): ({104}, {194}, 45056),
-    ("w4a16_splitk_kernel", True, 4, 2, 0): ({80}, {255}, 45056),
-    ("w4a16_stream_kernel", True, 4, 2, 1): ({127}, {201}, 45056),
-    ("w4a16_stream_kernel", True, 3, 2, 1): ({127}, {201}, 32768),
+# without, and of the variants (reports/examples/h200-weight-stream measured them). A change of these numbers is a
+# change of the kernel the sweeps measured.
+SM90_EXPECTED = {  # (kernel, split?, stages, dequant, scale after dot, scale load, weight tma, maxnreg):
+    #              (registers, loop SASS instructions, shared)
+    ("w4a16_splitk_kernel", True, 4, 2, 1, 0, 0, 0): ({103, 104}, {208, 209}, 45056),
+    ("w4a16_splitk_kernel", True, 3, 2, 1, 0, 0, 0): ({104}, {209}, 32768),
+    ("w4a16_splitk_kernel", False, 4, 2, 1, 0, 0, 0): ({95}, {195}, 45056),
+    ("w4a16_splitk_kernel", True, 4, 3, 1, 0, 0, 0): ({104}, {194}, 45056),
+    ("w4a16_splitk_kernel", True, 4, 2, 0, 0, 0, 0): ({80}, {255}, 45056),
+    ("w4a16_splitk_kernel", True, 4, 2, 1, 1, 0, 0): ({124}, {215}, 45056),
+    ("w4a16_splitk_kernel", True, 4, 2, 0, 2, 0, 0): ({72}, {269}, 45568),
+    ("w4a16_splitk_kernel", True, 4, 2, 1, 0, 1, 0): ({106}, {234}, 45080),
+    ("w4a16_splitk_kernel", True, 4, 3, 1, 0, 0, 96): ({91}, {189}, 45056),
+    ("w4a16_stream_kernel", True, 4, 2, 1, 0, 0, 0): ({127}, {201}, 45056),
+    ("w4a16_stream_kernel", True, 3, 2, 1, 0, 0, 0): ({127}, {201}, 32768),
 }
 
 
@@ -397,7 +432,8 @@ def test_every_visible_plan_compiles_for_hopper_as_the_measured_winners_did():
     seen = set()
     for kernel in compiled:
         split = kernel["kernel"] == "w4a16_stream_kernel" or kernel["split_k"] > 1
-        key = (kernel["kernel"], split, kernel["num_stages"], kernel["dequant"], kernel["scale_after_dot"])
+        key = (kernel["kernel"], split, kernel["num_stages"], kernel["dequant"], kernel["scale_after_dot"],
+               kernel["scale_load"], kernel["weight_tma"], kernel["maxnreg"])
         seen.add(key)
         registers, loop, shared = SM90_EXPECTED[key]
         assert kernel["registers"] in registers and kernel["loop_sass"] in loop and kernel["shared"] == shared, kernel
@@ -405,4 +441,5 @@ def test_every_visible_plan_compiles_for_hopper_as_the_measured_winners_did():
         assert kernel["barrier_after_reads"] == split, kernel  # zeroing sums another thread has not read yet
         assert kernel["f16x2_dequant"], kernel  # the inline PTX reached the machine code (ptxas assembled it)
         assert not kernel["ldmatrix_in_loop"], kernel  # the unpacked words are the wgmma operand
+        assert kernel["tma"] == bool(kernel["weight_tma"]), kernel  # WEIGHT_TMA 1 alone copies with the copy engine
     assert seen == set(SM90_EXPECTED)
