@@ -86,10 +86,10 @@ DENIED_NAMES = _by_rule(
     **{"import": "torch.utils torch.testing"},
 )
 
-# Exact modules under a denied prefix that a kernel may use: triton.tools' host-side tensor descriptor is a plain
-# dataclass (a base tensor, its shape, strides and block), while the rest of triton.tools compiles, links and
-# disassembles through files and processes.
-ALLOWED_UNDER_DENIED = frozenset(("triton.tools.tensor_descriptor",))
+# Exact names under a denied prefix that a kernel may use (the name itself, nothing under it): triton.tools' host-side
+# tensor descriptor is a plain dataclass (a base tensor, its shape, strides and block), while the rest of
+# triton.tools compiles, links and disassembles through files and processes.
+ALLOWED_UNDER_DENIED = frozenset(("triton.tools.tensor_descriptor", "triton.tools.tensor_descriptor.TensorDescriptor"))
 
 # Attribute names denied on any receiver: they catch objects that alias resolution cannot follow (torch.os,
 # a module kept in a list, torch.get_device_module(), a stream returned by a call). Tensor.select stays usable.
@@ -142,10 +142,10 @@ class Violation:
 
 
 def _denied_rule(qualname: str) -> str | None:
+    if qualname in ALLOWED_UNDER_DENIED:
+        return None
     parts = qualname.split(".")
     for end in range(len(parts), 0, -1):
-        if ".".join(parts[:end]) in ALLOWED_UNDER_DENIED:
-            return None
         rule = DENIED_NAMES.get(".".join(parts[:end]))
         if rule:
             return rule

@@ -52,8 +52,10 @@ NCU_METRICS = {
     "grid_size": "launch__grid_size",
     "block_size": "launch__block_size",
 }
-# stall reasons: warps stalled on each, per issued instruction (WarpStateStats)
+# stall reasons: warps stalled on each, per issued instruction (WarpStateStats); "selected" is the issuing warp
+# itself (1.00 by definition), not a stall
 NCU_STALL = re.compile(r"^smsp__average_warps?_issue_stalled_(\w+?)_per_issue_active\.ratio$")
+NOT_A_STALL = frozenset(("selected",))
 
 
 @dataclass
@@ -176,8 +178,8 @@ def run_ncu(solution: Path, case: kh.Case, kernel: str, overrides: dict | None =
     target = [sys.executable, "-m", "evals.profile", "--solution", str(solution), "--ncu-target",
               json.dumps(asdict(case))] + (["--overrides", json.dumps(overrides)] if overrides else [])
     # only this kernel's launches count: building and the inputs launch kernels of their own first
-    command = ["ncu", "--clock-control", "none", "--csv", "--page", "raw", "--kernel-name-base", "demangled",
-               "--kernel-name", "regex:^" + re.escape(kernel[:80]), "--launch-skip", "3", "--launch-count", "1",
+    command = ["ncu", "--clock-control", "none", "--csv", "--page", "raw", "--kernel-name-base", "function",
+               "--kernel-name", ncu_kernel_filter(kernel), "--launch-skip", "3", "--launch-count", "1",
                *[arg for section in NCU_SECTIONS for arg in ("--section", section)], *target]
     run = subprocess.run(command, capture_output=True, text=True, timeout=600,
                          cwd=Path(__file__).resolve().parent.parent)
@@ -188,6 +190,14 @@ def run_ncu(solution: Path, case: kh.Case, kernel: str, overrides: dict | None =
     if not summary["stalls"] or any(summary[key] is None for key in NCU_METRICS):
         summary["raw_csv"] = run.stdout[-200_000:]  # what this ncu names differently, to read
     return {"available": True, **summary}
+
+
+def ncu_kernel_filter(name: str) -> str:
+    """Nsight Compute's --kernel-name for a kernel as torch.profiler names it, matched against ncu's function base
+    name (the bare identifier): a Triton kernel's name is that already; a C++ kernel's loses its return type,
+    namespaces, template arguments and parameters ("void at::native::f<4, ...>(int, ...)" -> "f")."""
+    bare = name.removeprefix("void ").split("<")[0].split("(")[0].strip()
+    return "regex:^" + re.escape(bare.rsplit("::", 1)[-1]) + "$"
 
 
 def parse_ncu_raw(text: str) -> dict | None:
@@ -216,7 +226,7 @@ def parse_ncu_raw(text: str) -> dict | None:
     stalls = []
     for metric in cells:
         found = NCU_STALL.match(metric)
-        if found and number(metric) is not None:
+        if found and found.group(1) not in NOT_A_STALL and number(metric) is not None:
             stalls.append([found.group(1), round(number(metric), 3)])
     summary["stalls"] = sorted(stalls, key=lambda item: -item[1])
     summary["kernel"] = cells.get("Kernel Name", "")

@@ -114,6 +114,7 @@ FORBIDDEN = [
     ("from triton.tools import compile", "file"),
     ("import triton.tools.disasm", "file"),
     ("from triton.tools.tensor_descriptor_x import T", "file"),
+    ("from triton.tools.tensor_descriptor import validate_block_shape", "file"),
     ("from .. import evals", "import"),
     ("from . import tiles", "import"),
     # found in review: a tensor subclass fools the numeric checks; a call result may be torch itself

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from evals import kernel_harness as kh
-from evals.profile import CaseProfile, KernelLaunch, format_ncu, label, parse_ncu_raw
+from evals.profile import CaseProfile, KernelLaunch, format_ncu, label, ncu_kernel_filter, parse_ncu_raw
 from tests.conftest import ROOT
 
 # `ncu --csv --page raw` with the summary's sections, as Nsight Compute 2025.3 printed it on an H200 (one kernel: a
@@ -82,9 +82,10 @@ def test_the_ncu_summary_reads_nsight_computes_raw_page():
     assert (summary["achieved_occupancy_pct"], summary["theoretical_occupancy_pct"]) == (18.26, 100.0)
     assert summary["issue_active_pct"] == 4.45
     assert (summary["registers_per_thread"], summary["shared_bytes_dynamic"], summary["grid_size"]) == (32, 0, 512)
-    # stall reasons, largest first, named without the metric's prefix and suffix
+    # stall reasons, largest first, named without the metric's prefix and suffix; the issuing warp is no stall
     assert summary["stalls"][:2] == [["long_scoreboard", 45.91], ["no_instruction", 7.35]]
     assert all(a[1] >= b[1] for a, b in zip(summary["stalls"], summary["stalls"][1:]))
+    assert "selected" not in {reason for reason, _ in summary["stalls"]} and len(summary["stalls"]) > 10
     line = format_ncu({"available": True, **summary})
     assert "DRAM 13.9%" in line and "32 registers" in line and "long_scoreboard 45.91" in line
 
@@ -93,3 +94,17 @@ def test_the_ncu_summary_reads_nsight_computes_raw_page():
 def test_ncu_output_without_a_kernel_row_gives_no_summary(text):
     assert parse_ncu_raw(text) is None
     assert format_ncu({"available": False, "reason": "ncu is not on PATH"}) == "not available: ncu is not on PATH"
+
+
+@pytest.mark.parametrize("name, want", [
+    ("w4a16_splitk_kernel", "regex:^w4a16_splitk_kernel$"),  # Triton: the bare name already
+    # torch.profiler's name of the fixture's kernel, which ncu calls vectorized_elementwise_kernel
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::AUnaryFunctor<float, float, float, "
+     "at::native::binary_internal::MulFunctor<float> >, std::array<char*, 2ul> >(int, "
+     "at::native::AUnaryFunctor<float, float, float, at::native::binary_internal::MulFunctor<float> >, "
+     "std::array<char*, 2ul>)", "regex:^vectorized_elementwise_kernel$"),
+    ("ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_tn", "regex:^ampere_fp16_s16816gemm_fp16_128x128_ldg8_"
+                                                                   "f2f_stages_32x5_tn$"),
+])
+def test_the_ncu_kernel_filter_is_the_bare_function_name(name, want):
+    assert ncu_kernel_filter(name) == want

@@ -69,7 +69,7 @@ def instructions(ptx: str) -> int:
     return sum(1 for line in lines if line.endswith(";") and not line.startswith((".", "//")))
 
 
-def compile_sm90(kernel_fn, pointers: dict, constants: dict, options: dict) -> dict:
+def compile_sm90(kernel_fn, pointers: dict, constants: dict, options: dict, scale_pairs: bool = False) -> dict:
     # what the launches specialize on: 16-byte aligned pointers, N and K divisible by 16 (M too at M = 32, which this
     # leaves out: the loop is the same, the epilogue's masks differ)
     # (a descriptor argument carries its own alignment)
@@ -91,9 +91,11 @@ def compile_sm90(kernel_fn, pointers: dict, constants: dict, options: dict) -> d
             "wgmma": "wgmma.mma_async" in ptx,
             # the words through the copy engine: a bulk tensor copy in the machine code
             "tma": "cp.async.bulk.tensor" in ptx,
-            # the dequantized tile through shared memory: a multi-register ldmatrix in the loop body (an epilogue may
-            # use one; SCALE_LOAD 2's pipelined scales come back with single-register ones)
-            "ldmatrix_in_loop": re.search(r"ldmatrix\.sync\.aligned\.m8n8\.x[24]", body) is not None, **options}
+            # the dequantized tile through shared memory: an ldmatrix in the loop body (an epilogue may use one); with
+            # ``scale_pairs`` (SCALE_LOAD 2) the pipelined scales come back with single-register ones, so only a
+            # multi-register one counts
+            "ldmatrix_in_loop": (re.search(r"ldmatrix\.sync\.aligned\.m8n8\.x[24]", body) is not None if scale_pairs
+                                 else "ldmatrix" in body), **options}
 
 
 def kernel_plan(module, case, overrides=None) -> tuple[str, dict, dict, dict]:
@@ -140,7 +142,8 @@ def main(solution: str) -> None:
                         "dequant": cfg["DEQUANT"], "scale_after_dot": cfg["SCALE_AFTER_DOT"],
                         "scale_load": cfg["SCALE_LOAD"], "weight_tma": cfg["WEIGHT_TMA"], "maxnreg": cfg["MAXNREG"],
                         "block_n": cfg["BLOCK_SIZE_N"],
-                        **compile_sm90(getattr(kernels, name), pointers, constants, options)})
+                        **compile_sm90(getattr(kernels, name), pointers, constants, options,
+                                       scale_pairs=cfg["SCALE_LOAD"] == 2)})
     print(json.dumps(records))
 
 

@@ -137,10 +137,11 @@ def _tile_partial(x_ptr, q_ptr, s_ptr, rows, mask_m, offs_n, pid_n, g_start, g_e
         q_ptrs = q_ptr + block + tl.arange(0, BLOCK_SIZE_N)[:, None] * WORDS + tl.arange(0, WORDS)[None, :]
     acc = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_M), dtype=tl.float32)
     last = g_end - 1
-    scale_next = tl.load(s_ptrs)  # SCALE_LOAD 1: the first step's row
-    # SCALE_LOAD 2: the row as BLOCK_SIZE_N // 2 words of two fp16 scales (build keeps scales 4-byte aligned)
-    pair_ptrs = s_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + (g_start * N + pid_n * BLOCK_SIZE_N) // 2 \
-        + tl.arange(0, BLOCK_SIZE_N // 2)
+    if SCALE_LOAD == 1:
+        scale_next = tl.load(s_ptrs)  # the first step's row
+    if SCALE_LOAD == 2:  # the row as BLOCK_SIZE_N // 2 words of two fp16 scales (build keeps scales 16-byte aligned)
+        pair_ptrs = s_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + (g_start * N + pid_n * BLOCK_SIZE_N) // 2 \
+            + tl.arange(0, BLOCK_SIZE_N // 2)
     for g in range(g_start, g_end):
         if SCALE_LOAD == 1:
             scale = scale_next

@@ -27,9 +27,10 @@ def make_call(cfg, M, K, N, activation, weights, x, residual, check):
     if keeps_accumulator(cfg):
         kept = (torch.zeros((M, N), dtype=torch.float32, device=device),
                 torch.zeros(tiles, dtype=torch.int32, device=device))
-    if cfg["WEIGHT_TMA"]:  # the words through the copy engine: a descriptor of their [rows, 16] blocks
-        words = weights[0].view(-1, 16)
-        weights = (TensorDescriptor(words, list(words.shape), [16, 1], [cfg["BLOCK_SIZE_N"], 16]), *weights[1:])
+    if cfg["WEIGHT_TMA"]:  # the words through the copy engine: a descriptor of their blocks, a row per column
+        row = cfg["BLOCK_SIZE_K"] // 8
+        words = weights[0].view(-1, row)
+        weights = (TensorDescriptor(words, list(words.shape), [row, 1], [cfg["BLOCK_SIZE_N"], row]), *weights[1:])
     compiled = device.type == "cuda" and isinstance(w4a16_splitk_kernel, JITFunction)
     dequant = cfg["DEQUANT"] if compiled else 1  # inline PTX needs a compiled kernel: the interpreter runs pure Triton
     blocks = (cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"])

@@ -15,9 +15,10 @@ How (kernels.py, pack.py, launch.py):
 - Build repacks the words once: one contiguous block per (N tile, group), each word's nibbles where the wgmma register
   operand holds them, so the dequantized tile stays in registers. An inline-PTX sequence dequantizes two codes per
   32-bit operation (DEQUANT 2); the CPU interpreter runs the pure-Triton equivalent (DEQUANT 1).
-- The K loop is bound by instruction issue, not by memory (Nsight Compute on the H200: about half of the issue slots
-  and half of the DRAM bandwidth used; reports/examples/h200-weight-stream): fewer instructions per weight byte is
-  what speeds it up, more warps or earlier loads do not.
+- The K loop is bound by its instruction stream and the latencies in it, not by memory (Nsight Compute on the H200:
+  half of the issue slots busy with about 3.5 warps per scheduler, half of the DRAM bandwidth, no dominant stall;
+  reports/examples/h200-weight-stream): fewer instructions per weight byte sped it up (DEQUANT 3, more with MAXNREG
+  96); earlier scale loads, the copy engine for the words, and a register cap alone did not.
 - Split-K for small N: the splits add their fp32 partials into a kept (M, N) accumulator and count themselves in per
   tile; the last one applies the epilogue and leaves accumulator and counter at zero. One launch per call.
 - The host path: per M the plan and a launcher of the compiled kernel are made once; a call checks its arguments with
@@ -105,14 +106,15 @@ SEARCH_SPACE = {
                             "reason": "0 scales the fp16 tile before the dot: one fused MMA, no fp32 multiply a step"},
         "MAXNREG": {"values": [0, 96, 88],
                     "reason": "a register cap fits 5 programs on an SM instead of 4 (96 and 88 without spills; 88 "
-                              "lengthens the loop): more warps to issue from"},
+                              "lengthens the loop): more warps to hide the loop's latencies"},
         "DEVICE_BOUND_US": {"values": [0, 14, 16, 18, 20, 24],
                             "reason": "a higher floor takes fewer split-K programs where a call would be faster than "
                                       "its host can issue it: slower, but steady group times"},
     },
     # LAUNCH 1 (no faster on the GPU, 4.5-6 us more host time per call: reports/examples/h200-stability), GRID 1
-    # (stream-K: 0.96-1.04x the split-K grid: h200-w4a16-family), SCALE_LOAD 1 and 2 (0.82-1.00x) and WEIGHT_TMA 1
-    # (0.85-0.98x: h200-weight-stream) lost on the H200: plan() still takes them, the search does not.
+    # (stream-K: 0.96-1.04x the split-K grid: h200-w4a16-family), SCALE_LOAD 1 (0.96-1.00x), SCALE_LOAD 2 with
+    # SCALE_AFTER_DOT 0 (0.85-0.91x) and WEIGHT_TMA 1 (0.87-0.98x: h200-weight-stream) lost on the H200: plan() still
+    # takes them, the search does not.
     "only_when": {"MIN_PROGRAMS": [{"SPLIT_K": [0]}], "DEVICE_BOUND_US": [{"SPLIT_K": [0]}]},
     # the knob that moves a plan toward device-bound (more GPU time per call), for a host-bound verdict
     "device_bound": {"DEVICE_BOUND_US": "up"},
@@ -219,7 +221,8 @@ def build(qweight, scales, bias, epilogue, config=None):
     device = qweight.device
     overrides = dict(config) if config else None
     # BLOCK_SIZE_N comes from (K, N) alone, whatever M a call brings: repack once, here. The kernels read the scales
-    # in 32-bit pairs where SCALE_LOAD is 2: a base off 16-byte alignment gets an aligned copy (an allowed reordering)
+    # in 32-bit pairs where SCALE_LOAD is 2: a base off 16-byte alignment gets an aligned copy, kept instead of a
+    # reference (the residency contract allows one copy of the scales)
     if scales.data_ptr() % 16:
         scales = scales.clone()
     weights = (pack.operand_blocks(qweight, plan(1, K, N, overrides)["BLOCK_SIZE_N"]), scales, bias)
