@@ -1,0 +1,203 @@
+"""Prototype: a warp-specialized W4A16 split-K kernel in Gluon, the family's main loop without its epilogue.
+
+A producer warp copies each step's block of repacked words (pack.operand_blocks) and x tile into a ring of shared
+memory stages with the copy engine (TMA, completion on an mbarrier); a consumer warpgroup loads the words into the
+wgmma register operand's layout (WORDS_LAYOUT: no shuffle on the way), dequantizes them with the family's one-shift
+inline PTX, runs the wgmma against x in shared memory, releases the stage and scales the fp32 partial. The partials
+go to an fp32 (M, N) buffer with relaxed atomics.
+
+    python ws_prototype.py sm90 [STAGES MAXNREG SPLIT_K]   compile for sm90 on any machine: registers, shared, loop
+    python ws_prototype.py gpu CASE_JSON                  on a CUDA GPU: error against fp32 x @ W, time against the
+                                                          family's whole call (triton.testing.do_bench medians)
+Run from the repository root (it loads methods/drafts/w4a16 and evals).
+"""
+import os
+import sys
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import tma, mbarrier, fence_async_shared, warpgroup_mma
+
+DEQUANT_PTX_ONE_SHIFT = gl.constexpr("""
+{
+.reg .b32 t0, t1, t2, t3, s, m, f, b;
+mov.b32 m, 0x64086408;
+mov.b32 f, 0x2C002C00;
+mov.b32 b, 0xD480D480;
+shr.u32 s, $8, 8;
+lop3.b32 t0, $8, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 t1, $8, 0x00F000F0, 0x64006400, 0xEA;
+lop3.b32 t2, s, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 t3, s, 0x00F000F0, 0x64006400, 0xEA;
+sub.f16x2 t0, t0, m;
+fma.rn.f16x2 t1, t1, f, b;
+sub.f16x2 t2, t2, m;
+fma.rn.f16x2 t3, t3, f, b;
+mov.b32 {$0, $4}, t0;
+mov.b32 {$1, $5}, t1;
+mov.b32 {$2, $6}, t2;
+mov.b32 {$3, $7}, t3;
+}
+""")
+
+
+@gluon.jit
+def _producer(q_desc, x_desc, w_bufs, x_bufs, ready, empty, q_row0, x_row0, k0, n_steps,
+              BN: gl.constexpr, BK: gl.constexpr):
+    STAGES: gl.constexpr = w_bufs.type.shape[0]
+    for i in range(n_steps):
+        s = i % STAGES
+        phase = (i // STAGES) & 1
+        mbarrier.wait(empty.index(s), phase ^ 1)
+        fence_async_shared()
+        mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + x_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [q_row0 + i * BN, 0], ready.index(s), w_bufs.index(s))
+        tma.async_copy_global_to_shared(x_desc, [x_row0, k0 + i * BK], ready.index(s), x_bufs.index(s))
+
+
+@gluon.jit
+def _consumer(w_bufs, x_bufs, ready, empty, s_ptr, acc_ptr, M, N, g0, n_steps, pid_n, pid_m,
+              BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr, WORDS_LAYOUT: gl.constexpr):
+    STAGES: gl.constexpr = w_bufs.type.shape[0]
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
+    dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    offs_n = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
+    offs_m = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+    acc = gl.zeros([BN, BM], gl.float32, mma)
+    zero = gl.zeros([BN, BM], gl.float32, mma)
+    s_ptrs = s_ptr + g0 * N + offs_n
+    for i in range(n_steps):
+        s = i % STAGES
+        phase = (i // STAGES) & 1
+        scale = gl.load(s_ptrs)
+        s_ptrs += N
+        mbarrier.wait(ready.index(s), phase)
+        words = w_bufs.index(s).load(WORDS_LAYOUT)
+        n0, n1, n2, n3, n4, n5, n6, n7 = gl.inline_asm_elementwise(
+            DEQUANT_PTX_ONE_SHIFT, "=h,=h,=h,=h,=h,=h,=h,=h,r", [words], dtype=(gl.int16,) * 8, is_pure=True, pack=1)
+        nib = gl.join(gl.join(gl.join(n0, n4), gl.join(n2, n6)), gl.join(gl.join(n1, n5), gl.join(n3, n7)))
+        nib = gl.reshape(nib, [BN, 16, 8])
+        w = gl.permute(gl.reshape(nib, [BN, 4, 4, 2, 2, 2]), [0, 2, 5, 4, 1, 3])
+        w = gl.reshape(w, [BN, BK]).to(gl.float16, bitcast=True)
+        w = gl.convert_layout(w, dot_a)
+        part = warpgroup_mma(w, x_bufs.index(s).permute((1, 0)), zero, use_acc=False)
+        mbarrier.arrive(empty.index(s), count=1)
+        acc += part * scale.to(gl.float32)[:, None]
+    ptrs = acc_ptr + offs_m[None, :] * N + offs_n[:, None]
+    gl.atomic_add(ptrs, acc, mask=(offs_m < M)[None, :], sem="relaxed")
+
+
+@gluon.jit
+def w4a16_ws_kernel(q_desc, x_desc, s_ptr, acc_ptr, M, N, K, SPLIT_K: gl.constexpr,
+                    BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+                    WORDS_LAYOUT: gl.constexpr):
+    pid = gl.program_id(0)
+    m_tiles = gl.cdiv(M, BM)
+    pid_m = pid % m_tiles
+    pid_n = pid // m_tiles
+    pid_k = gl.program_id(1)
+    groups = K // BK
+    g_start = (pid_k * groups) // SPLIT_K
+    g_end = ((pid_k + 1) * groups) // SPLIT_K
+    n_steps = g_end - g_start
+    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES, BN, BK // 8], q_desc.layout)
+    x_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BM, BK], x_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    q_row0 = (pid_n * groups + g_start) * BN
+    gl.warp_specialize([
+        (_consumer, (w_bufs, x_bufs, ready, empty, s_ptr, acc_ptr, M, N, g_start, n_steps, pid_n, pid_m,
+                     BN, BM, BK, WORDS_LAYOUT)),
+        (_producer, (q_desc, x_desc, w_bufs, x_bufs, ready, empty, q_row0, pid_m * BM, g_start * BK, n_steps, BN, BK)),
+    ], [1], [24])
+
+
+# thread (warp w, lane 4g + t) holds rows 16w + g and 16w + g + 8, words 4t .. 4t + 3 (the words the wgmma register
+# operand of its rows needs: pack.py's operand order)
+WORDS_LAYOUT = gl.DistributedLinearLayout(
+    reg_bases=[[0, 1], [0, 2], [8, 0]], lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
+    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 16])
+
+
+def layouts(BN, BM, BK):
+    q_layout = gl.NVMMASharedLayout.get_default_for([BN, BK // 8], gl.int32)
+    x_layout = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.float16)
+    return q_layout, x_layout
+
+
+def compile_sm90(stages=3, maxnreg=64, split=2):
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    BN, BM, BK = 64, 32, 128
+    q_layout, x_layout = layouts(BN, BM, BK)
+    sig = {"q_desc": f"tensordesc<i32[{BN}, {BK // 8}],{q_layout!r}>",
+           "x_desc": f"tensordesc<fp16[{BM}, {BK}],{x_layout!r}>",
+           "s_ptr": "*fp16", "acc_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32"}
+    const = {"SPLIT_K": split, "BN": BN, "BM": BM, "BK": BK, "STAGES": stages, "WORDS_LAYOUT": WORDS_LAYOUT}
+    sig.update(dict.fromkeys(const, "constexpr"))
+    aligned = {(i,): [["tt.divisibility", 16]] for i in (2, 3, 5, 6)}  # s_ptr, acc_ptr, N, K
+    src = GluonASTSource(w4a16_ws_kernel, sig, const, aligned)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": maxnreg})
+
+
+def gpu_case(case_json, variants):
+    import json
+    import torch
+    sys.path.insert(0, os.getcwd())
+    from evals import kernel_harness as kh
+    from evals.loader import load_solution
+    from pathlib import Path
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    fam = load_solution(Path("methods/drafts/w4a16"))
+    pack = sys.modules[fam.__name__.rpartition(".")[0] + ".pack"]
+    c = json.loads(case_json)
+    case = kh.Case(c["stratum"], c["m"], c["k"], c["n"], c["epilogue"], c["seed"])
+    M, K, N = case.m, case.k, case.n
+    t = kh.generate(case, "normal", "cuda")
+    ks = torch.arange(K, device="cuda")
+    codes = (t.qweight[ks // 8, :] >> (4 * (ks % 8))[:, None].to(torch.int32)) & 0xF
+    W = (codes.float() - 8) * t.scales.float().repeat_interleave(128, 0)
+    ref = t.x.float() @ W
+    del codes, W
+    BN, BM, BK = 64, 32, 128
+    words = pack.operand_blocks(t.qweight, BN).view(-1, BK // 8)
+    q_layout, x_layout = layouts(BN, BM, BK)
+    q_desc = TensorDescriptor.from_tensor(words, [BN, BK // 8], q_layout)
+    x_desc = TensorDescriptor.from_tensor(t.x, [BM, BK], x_layout)
+    fn = fam.build(t.qweight, t.scales, t.bias, case.epilogue)
+    base = triton.testing.do_bench(lambda: fn(t.x, t.residual), warmup=50, rep=300, return_mode="median")
+    plan = fam.plan(M, K, N)
+    print(f"{case.name}: family plan split {plan['SPLIT_K']}: {1e3 * base:.2f} us (do_bench median)", flush=True)
+    for stages, maxnreg, split_mult in variants:
+        split = max(1, min(K // BK, plan["SPLIT_K"] * split_mult))
+        grid = (triton.cdiv(M, BM) * (N // BN), split)
+        acc = torch.zeros((M, N), dtype=torch.float32, device="cuda")
+
+        def launch():
+            w4a16_ws_kernel[grid](q_desc, x_desc, t.scales, acc, M, N, K, SPLIT_K=split, BN=BN, BM=BM, BK=BK,
+                                  STAGES=stages, WORDS_LAYOUT=WORDS_LAYOUT, num_warps=4, maxnreg=maxnreg)
+        launch()
+        torch.cuda.synchronize()
+        err = ((acc - ref).abs().max() / ref.abs().max()).item()
+        ms = triton.testing.do_bench(launch, warmup=50, rep=300, return_mode="median")
+        print(f"  ws stages {stages} maxnreg {maxnreg} split {split}: rel err {err:.2e}; {1e3 * ms:.2f} us "
+              f"({base / ms:.2f}x the family's whole call)", flush=True)
+
+
+def main():
+    if sys.argv[1] == "sm90":
+        sys.path.insert(0, os.path.join(os.getcwd(), "tests", "methods"))
+        from hopper_compile import registers, sass_loop_instructions
+        kernel = compile_sm90(*(int(a) for a in sys.argv[2:]))
+        cubin = kernel.asm["cubin"]
+        print(f"registers {registers(cubin)} (the kernel's cap; the partitions reallocate), shared "
+              f"{kernel.metadata.shared} B, consumer loop {sass_loop_instructions(cubin)} SASS instructions")
+    else:  # gpu: (stages, maxnreg, split-K multiple of the family's plan); the second call's variants
+        gpu_case(sys.argv[2], [(3, 64, 1), (3, 64, 2), (2, 64, 2), (4, 64, 2), (3, 56, 2)])
+
+
+if __name__ == "__main__":
+    main()
