@@ -335,6 +335,19 @@ def format_ncu(ncu: dict) -> str:
             f"{num('block_size', '.0f')}; top stalls (warps per issue): {stalls}")
 
 
+def parse_overrides(text: str | None) -> dict | None:
+    """--overrides: a JSON object of plan keys, or a ValueError that shows the form."""
+    if not text:
+        return None
+    try:
+        overrides = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--overrides is not JSON ({exc.msg}); give an object, e.g. '{{\"DEQUANT\": 3}}'") from None
+    if not isinstance(overrides, dict):
+        raise ValueError(f"--overrides must be a JSON object, e.g. '{{\"DEQUANT\": 3}}'; got {text!r}")
+    return overrides
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=".venv/bin/python -m evals.profile", description=__doc__.split("\n")[0])
     parser.add_argument("--solution", default="methods/main", help="solution directory (default methods/main)")
@@ -348,15 +361,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         solution = resolve_solution_dir(args.solution)
-        overrides = json.loads(args.overrides) if args.overrides else None
-        if overrides is not None and not isinstance(overrides, dict):
-            raise ValueError(f"--overrides must be a JSON object; got {args.overrides!r}")
+        overrides = parse_overrides(args.overrides)
         if args.ncu_target:
             ncu_target(solution, args.ncu_target, overrides)
             return 0
         report = run(solution, args.panel or kh.default_panel(), args.ncu, log=lambda line: print(line, flush=True),
                      overrides=overrides)
-    except (FileNotFoundError, ValueError, kh.SetupError) as exc:  # a bad --overrides JSON is a ValueError too
+    except (FileNotFoundError, ValueError, kh.SetupError) as exc:
         print(f"profile: {exc}", file=sys.stderr)
         return 2
     if args.json:

@@ -108,3 +108,10 @@ def test_ncu_output_without_a_kernel_row_gives_no_summary(text):
 ])
 def test_the_ncu_kernel_filter_is_the_bare_function_name(name, want):
     assert ncu_kernel_filter(name) == want
+
+
+@pytest.mark.parametrize("overrides, message", [("{DEQUANT: 3}", "is not JSON"), ("[3]", "must be a JSON object")])
+def test_bad_overrides_are_a_usage_error_that_shows_the_form(overrides, message):
+    run = subprocess.run([sys.executable, "-m", "evals.profile", "--solution", "methods/drafts/w4a16", "--panel",
+                          "smoke", "--overrides", overrides], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and message in run.stderr and '{"DEQUANT": 3}' in run.stderr, run.stderr

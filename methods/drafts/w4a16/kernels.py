@@ -137,8 +137,8 @@ def _tile_partial(x_ptr, q_ptr, s_ptr, rows, mask_m, offs_n, pid_n, g_start, g_e
         block = (pid_n.to(tl.int64) * groups + g_start) * (BLOCK_SIZE_N * WORDS)
         q_ptrs = q_ptr + block + tl.arange(0, BLOCK_SIZE_N)[:, None] * WORDS + tl.arange(0, WORDS)[None, :]
     acc = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_M), dtype=tl.float32)
-    last = g_end - 1
     if SCALE_LOAD == 1:
+        last = g_end - 1
         scale_next = tl.load(s_ptrs)  # the first step's row
     if SCALE_LOAD == 2:  # the row as BLOCK_SIZE_N // 2 words of two fp16 scales (build keeps scales 16-byte aligned)
         pair_ptrs = s_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + (g_start * N + pid_n * BLOCK_SIZE_N) // 2 \

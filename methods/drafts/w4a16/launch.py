@@ -111,7 +111,7 @@ def address_call(run, x_shape, out_shape, device, weights, kept, tail, check):
     every call. A bare address says nothing of its tensor, so each call first reads what the kernel assumes (dtype,
     shape, contiguity, device, 16-byte alignment); where one read disagrees, ``check`` decides (a copy fit for the
     kernel, or a clear error)."""
-    weight_args = tuple(w if isinstance(w, TensorDescriptor) else w.data_ptr() for w in weights)
+    w_arg, s_ptr, b_ptr = (w if isinstance(w, TensorDescriptor) else w.data_ptr() for w in weights)
     a_ptr, c_ptr = (kept[0].data_ptr(), kept[1].data_ptr()) if kept else (0, 0)
     device_index = device.index
     f16 = torch.float16
@@ -128,8 +128,8 @@ def address_call(run, x_shape, out_shape, device, weights, kept, tail, check):
             x, residual = check(x, residual)
         out = torch.empty_like(residual)  # (M, N) fp16 contiguous on the device: cheaper than torch.empty's arguments
         o_ptr = out.data_ptr()
-        run(x.data_ptr(), *weight_args, residual.data_ptr(), o_ptr, a_ptr if kept else o_ptr, c_ptr if kept else o_ptr,
-            *tail)
+        run(x.data_ptr(), w_arg, s_ptr, b_ptr, residual.data_ptr(), o_ptr, a_ptr if kept else o_ptr,
+            c_ptr if kept else o_ptr, *tail)
         return out
     return call
 

@@ -18,27 +18,11 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import tma, mbarrier, fence_async_shared, warpgroup_mma
 
-DEQUANT_PTX_ONE_SHIFT = gl.constexpr("""
-{
-.reg .b32 t0, t1, t2, t3, s, m, f, b;
-mov.b32 m, 0x64086408;
-mov.b32 f, 0x2C002C00;
-mov.b32 b, 0xD480D480;
-shr.u32 s, $8, 8;
-lop3.b32 t0, $8, 0x000F000F, 0x64006400, 0xEA;
-lop3.b32 t1, $8, 0x00F000F0, 0x64006400, 0xEA;
-lop3.b32 t2, s, 0x000F000F, 0x64006400, 0xEA;
-lop3.b32 t3, s, 0x00F000F0, 0x64006400, 0xEA;
-sub.f16x2 t0, t0, m;
-fma.rn.f16x2 t1, t1, f, b;
-sub.f16x2 t2, t2, m;
-fma.rn.f16x2 t3, t3, f, b;
-mov.b32 {$0, $4}, t0;
-mov.b32 {$1, $5}, t1;
-mov.b32 {$2, $6}, t2;
-mov.b32 {$3, $7}, t3;
-}
-""")
+# the family's one-shift dequant (DEQUANT 3), as the family's kernels hold it
+sys.path.insert(0, os.getcwd())
+from methods.drafts.w4a16.kernels import DEQUANT_PTX_ONE_SHIFT as _FAMILY_PTX  # noqa: E402
+
+DEQUANT_PTX_ONE_SHIFT = gl.constexpr(_FAMILY_PTX.value)
 
 
 @gluon.jit
