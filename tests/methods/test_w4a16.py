@@ -156,6 +156,32 @@ def assert_device_bound(cfg, free):
         assert S.predicted_us(m, k, n, tiles * (split + 1)) < floor
 
 
+def test_plans_of_lean_min_us_and_more_run_the_leaner_loop_and_the_shorter_ones_the_default():
+    """LEAN_LOOP goes by the plan's predicted GPU time after the split is chosen, never changes the split, and leaves
+    a knob the caller overrides as given; LEAN_MIN_US 0 never runs it."""
+    default = S.get_config()
+    threshold = default["LEAN_MIN_US"]
+    assert threshold > default["DEVICE_BOUND_US"] > 0
+    lean_knobs = set(S.LEAN_LOOP)
+    assert lean_knobs <= set(S.SEARCH_SPACE["knobs"]) and "SPLIT_K" not in lean_knobs
+    seen = set()
+    for m, k, n in VISIBLE + [(20, 8192, 1024), (32, 4096, 4096), (1, 28672, 8192)]:
+        cfg, never = S.plan(m, k, n), S.plan(m, k, n, {"LEAN_MIN_US": 0})
+        assert cfg["SPLIT_K"] == never["SPLIT_K"] and cfg["PREDICTED_US"] == never["PREDICTED_US"]
+        lean = cfg["PREDICTED_US"] >= threshold
+        seen.add(lean)
+        for key, value in S.LEAN_LOOP.items():
+            assert never[key] == default[key] != value
+            assert cfg[key] == (value if lean else default[key]), (m, k, n, key)
+        pinned = S.plan(m, k, n, {"DEQUANT": 2})
+        assert pinned["DEQUANT"] == 2 and pinned["MAXNREG"] == cfg["MAXNREG"]
+    assert seen == {True, False}
+    # the two 117 MB weights run it; 18x8192x8192 (about 18 us, near its host cost) does not
+    assert S.plan(24, 8192, 28672)["DEQUANT"] == S.plan(32, 28672, 8192)["DEQUANT"] == S.LEAN_LOOP["DEQUANT"]
+    assert S.plan(18, 8192, 8192)["DEQUANT"] == default["DEQUANT"]
+    assert S.plan(18, 8192, 8192, {"LEAN_MIN_US": 18})["DEQUANT"] == S.LEAN_LOOP["DEQUANT"]
+
+
 def test_unseen_shapes_get_device_bound_plans_by_the_rule_not_by_a_table():
     """Shapes no table names (drawn as sealed panels are): each plan follows the rule, and the model's predicted GPU
     time never rises with more programs (so the rule's search is sound)."""
@@ -275,6 +301,9 @@ def test_validation_errors():
     for bad in (8, 300, 96.5, "96"):
         with pytest.raises(ValueError, match="MAXNREG must be 0"):
             S.plan(18, 256, 256, {"MAXNREG": bad})
+    for bad in (-1, "22", None):
+        with pytest.raises(ValueError, match="LEAN_MIN_US must be 0"):
+            S.plan(18, 256, 256, {"LEAN_MIN_US": bad})
     with pytest.raises(ValueError, match="SPLIT_K must be 0"):
         S.plan(18, 256, 256, {"GRID": 1, "SPLIT_K": 2})
     with pytest.raises(ValueError, match="BLOCK_SIZE_K must equal"):
@@ -401,14 +430,15 @@ def test_stream_k_plan_and_the_programs_a_gpu_holds_at_once():
 
 # The family's default plans compiled for sm90: registers per thread, instructions of the K loop and shared memory of
 # the plans the H200 sweeps measured fastest (reports/examples/h200-splitk-sweeps, sweep 2: LAYOUT 3, inline-PTX
-# dequant, one-launch split-K, N tile 64, 4 warps, 4 stages, 3 on the widest tier), with the accumulator path and
-# without, and of the variants (reports/examples/h200-weight-stream measured them). A change of these numbers is a
-# change of the kernel the sweeps measured.
+# dequant, one-launch split-K, N tile 64, 4 warps, 4 stages, 3 on the widest tier; the leaner loop, DEQUANT 3 under
+# 96 registers, where a plan predicts LEAN_MIN_US or more), with the accumulator path and without, and of the
+# variants (reports/examples/h200-weight-stream measured them). A change of these numbers is a change of the kernel the
+# sweeps measured.
 SM90_EXPECTED = {  # (kernel, split?, stages, dequant, scale after dot, scale load, weight tma, maxnreg):
     #              (registers, loop SASS instructions, shared)
     ("w4a16_splitk_kernel", True, 4, 2, 1, 0, 0, 0): ({103, 104}, {208, 209}, 45056),
-    ("w4a16_splitk_kernel", True, 3, 2, 1, 0, 0, 0): ({104}, {209}, 32768),
-    ("w4a16_splitk_kernel", False, 4, 2, 1, 0, 0, 0): ({95}, {195}, 45056),
+    ("w4a16_splitk_kernel", True, 3, 3, 1, 0, 0, 96): ({91}, {189}, 32768),
+    ("w4a16_splitk_kernel", False, 4, 3, 1, 0, 0, 96): ({91}, {194}, 45056),
     ("w4a16_splitk_kernel", True, 4, 3, 1, 0, 0, 0): ({104}, {194}, 45056),
     ("w4a16_splitk_kernel", True, 4, 2, 0, 0, 0, 0): ({80}, {255}, 45056),
     ("w4a16_splitk_kernel", True, 4, 2, 1, 1, 0, 0): ({124}, {215}, 45056),

@@ -18,7 +18,8 @@ How (kernels.py, pack.py, launch.py):
 - The K loop is bound by its instruction stream and the latencies in it, not by memory (Nsight Compute on the H200:
   half of the issue slots busy with about 3.5 warps per scheduler, half of the DRAM bandwidth, no dominant stall;
   reports/examples/h200-weight-stream): fewer instructions per weight byte sped it up (DEQUANT 3, more with MAXNREG
-  96); earlier scale loads, the copy engine for the words, and a register cap alone did not.
+  96: LEAN_LOOP, which the plans of LEAN_MIN_US and more run); earlier scale loads, the copy engine for the words,
+  and a register cap alone did not.
 - Split-K for small N: the splits add their fp32 partials into a kept (M, N) accumulator and count themselves in per
   tile; the last one applies the epilogue and leaves accumulator and counter at zero. One launch per call.
 - The host path: per M the plan and a launcher of the compiled kernel are made once; a call checks its arguments with
@@ -63,6 +64,14 @@ def device_bound_split(M, K, N, tiles, split_k, target_us):
     return split_k
 
 
+# The leaner K loop: DEQUANT 3 under a 96-register cap issues 189 instructions per step instead of 209 and fits 5
+# programs on an SM instead of 4, 1.03-1.28x the GPU time of the default loop on the visible panel (H200). A plan
+# that already takes at least LEAN_MIN_US (get_config) of predicted GPU time per call runs it; a shorter one keeps
+# the default loop, whose longer GPU time per call keeps it clear of its host cost (the verifier's schedule spread a
+# 17 us leaner plan past its 1.15 gate where the 19 us default one held). The split count is chosen first and stays.
+LEAN_LOOP = {"DEQUANT": 3, "MAXNREG": 96}
+
+
 def get_config():
     # The general plan: every shape that no tier claims. BLOCK_SIZE_K is the quantization group. BLOCK_SIZE_M is the
     # largest M tile (smaller M uses max(16, next power of two of M)). SPLIT_K 0 takes the fewest splits that give
@@ -75,9 +84,11 @@ def get_config():
     # MIN_PROGRAMS programs (0: as many as the GPU holds at once) share the tiles x groups steps evenly.
     # MAXNREG (0: the compiler's choice) caps registers per thread, so that more programs fit on an SM at once.
     # DEVICE_BOUND_US (0: off) is the least GPU time per call the split-K count may predict (device_bound_split).
+    # LEAN_MIN_US (0: never) is the least predicted GPU time per call of a split-K plan that runs LEAN_LOOP's knobs
+    # (those not overridden).
     return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 396,
             "DEQUANT": 2, "SCALE_AFTER_DOT": 1, "SCALE_LOAD": 0, "WEIGHT_TMA": 0, "LAUNCH": 2, "GRID": 0,
-            "num_warps": 4, "num_stages": 4, "MAXNREG": 0, "DEVICE_BOUND_US": 16}
+            "num_warps": 4, "num_stages": 4, "MAXNREG": 0, "DEVICE_BOUND_US": 16, "LEAN_MIN_US": 22}
 
 
 # Per-shape overrides: the first tier whose N and K ranges hold the shape updates the general plan.
@@ -107,6 +118,9 @@ SEARCH_SPACE = {
         "MAXNREG": {"values": [0, 96, 88],
                     "reason": "a register cap fits 5 programs on an SM instead of 4 (96 and 88 without spills; 88 "
                               "lengthens the loop): more warps to hide the loop's latencies"},
+        "LEAN_MIN_US": {"values": [0, 18, 20, 22, 24, 30],
+                        "reason": "a lower threshold runs the leaner loop (LEAN_LOOP) on more plans: faster, but a "
+                                  "plan near its host cost loses its steady group times (17 us did)"},
         "DEVICE_BOUND_US": {"values": [0, 14, 16, 18, 20, 24],
                             "reason": "a higher floor takes fewer split-K programs where a call would be faster than "
                                       "its host can issue it: slower, but steady group times"},
@@ -147,6 +161,9 @@ def plan(M, K, N, overrides=None):
     if config["MAXNREG"] != 0 and not (isinstance(config["MAXNREG"], int) and 24 <= config["MAXNREG"] <= 255):
         raise ValueError(f"MAXNREG must be 0 (the compiler's choice) or registers per thread in 24..255; got "
                          f"{config['MAXNREG']!r}")
+    if not isinstance(config["LEAN_MIN_US"], (int, float)) or config["LEAN_MIN_US"] < 0:
+        raise ValueError(f"LEAN_MIN_US must be 0 (never) or the least predicted GPU time in us of a plan that runs "
+                         f"the leaner loop; got {config['LEAN_MIN_US']!r}")
     if config["GRID"] == 1 and config["SPLIT_K"] != 0:
         raise ValueError(f"GRID 1 (stream-K) shares the group steps itself: SPLIT_K must be 0; got {config['SPLIT_K']}")
     block_m = max(16, min(_next_pow2(config["BLOCK_SIZE_M"]), _next_pow2(M)))
@@ -167,6 +184,8 @@ def plan(M, K, N, overrides=None):
         split_k = device_bound_split(M, K, N, m_tiles * n_tiles, split_k, config["DEVICE_BOUND_US"])
     config["SPLIT_K"] = split_k
     config["PREDICTED_US"] = predicted_us(M, K, N, m_tiles * n_tiles * split_k)
+    if config["LEAN_MIN_US"] and config["PREDICTED_US"] >= config["LEAN_MIN_US"]:
+        config.update({key: value for key, value in LEAN_LOOP.items() if key not in (overrides or {})})
     return config
 
 
