@@ -10,6 +10,7 @@ import torch
 import triton
 from triton.runtime import driver
 from triton.runtime.jit import JITFunction
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .kernels import w4a16_splitk_kernel, w4a16_stream_kernel
 
@@ -26,17 +27,25 @@ def make_call(cfg, M, K, N, activation, weights, x, residual, check):
     if keeps_accumulator(cfg):
         kept = (torch.zeros((M, N), dtype=torch.float32, device=device),
                 torch.zeros(tiles, dtype=torch.int32, device=device))
+    if cfg["WEIGHT_TMA"]:  # the words through the copy engine: a descriptor of their blocks, a row per column
+        row = cfg["BLOCK_SIZE_K"] // 8
+        words = weights[0].view(-1, row)
+        weights = (TensorDescriptor(words, list(words.shape), [row, 1], [cfg["BLOCK_SIZE_N"], row]), *weights[1:])
     compiled = device.type == "cuda" and isinstance(w4a16_splitk_kernel, JITFunction)
     dequant = cfg["DEQUANT"] if compiled else 1  # inline PTX needs a compiled kernel: the interpreter runs pure Triton
     blocks = (cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"])
     if stream:
-        kernel, tail = w4a16_stream_kernel, (M, N, K, activation, cfg["SCALE_AFTER_DOT"], dequant, *blocks)
+        kernel, tail = w4a16_stream_kernel, (M, N, K, activation, cfg["SCALE_AFTER_DOT"], dequant, cfg["SCALE_LOAD"],
+                                         cfg["WEIGHT_TMA"], *blocks)
         grid = (max(1, cfg["PROGRAMS"]), 1, 1)  # PROGRAMS 0: set below from what the compiled kernel fits at once
     else:
         kernel = w4a16_splitk_kernel
-        tail = (M, N, K, activation, cfg["SPLIT_K"], cfg["SCALE_AFTER_DOT"], dequant, *blocks)
+        tail = (M, N, K, activation, cfg["SPLIT_K"], cfg["SCALE_AFTER_DOT"], dequant, cfg["SCALE_LOAD"],
+                cfg["WEIGHT_TMA"], *blocks)
         grid = (tiles, cfg["SPLIT_K"], 1)
     options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+    if cfg["MAXNREG"]:
+        options["maxnreg"] = cfg["MAXNREG"]
     out_shape = (M, N)
     if not compiled:
         return interpreted_call(kernel, grid, options, out_shape, weights, kept, tail, check)
@@ -98,10 +107,11 @@ def address_call(run, x_shape, out_shape, device, weights, kept, tail, check):
     """LAUNCH 2, the lean host path: integer addresses straight to the launcher's C entry, skipping a data_ptr() call
     and a driver pointer query per tensor argument. The weights' and the accumulator's addresses are taken once, here:
     build holds the weights, and this closure ``kept`` (it reads it on every call, so the tensors behind the addresses
-    live as long as the call). A bare address says nothing of its tensor, so each call first reads what the kernel
-    assumes (dtype, shape, contiguity, device, 16-byte alignment); where one read disagrees, ``check`` decides (a
-    copy fit for the kernel, or a clear error)."""
-    w_ptr, s_ptr, b_ptr = (t.data_ptr() for t in weights)
+    live as long as the call); a descriptor of the words (WEIGHT_TMA) goes as it is, for the launcher to encode on
+    every call. A bare address says nothing of its tensor, so each call first reads what the kernel assumes (dtype,
+    shape, contiguity, device, 16-byte alignment); where one read disagrees, ``check`` decides (a copy fit for the
+    kernel, or a clear error)."""
+    w_arg, s_ptr, b_ptr = (w if isinstance(w, TensorDescriptor) else w.data_ptr() for w in weights)
     a_ptr, c_ptr = (kept[0].data_ptr(), kept[1].data_ptr()) if kept else (0, 0)
     device_index = device.index
     f16 = torch.float16
@@ -118,7 +128,7 @@ def address_call(run, x_shape, out_shape, device, weights, kept, tail, check):
             x, residual = check(x, residual)
         out = torch.empty_like(residual)  # (M, N) fp16 contiguous on the device: cheaper than torch.empty's arguments
         o_ptr = out.data_ptr()
-        run(x.data_ptr(), w_ptr, s_ptr, b_ptr, residual.data_ptr(), o_ptr, a_ptr if kept else o_ptr,
+        run(x.data_ptr(), w_arg, s_ptr, b_ptr, residual.data_ptr(), o_ptr, a_ptr if kept else o_ptr,
             c_ptr if kept else o_ptr, *tail)
         return out
     return call
@@ -129,8 +139,9 @@ def compiled_launcher(kernel, grid, device_index, bare=False):
 
     This is what ``CompiledKernel.__getitem__(grid)(*args)`` does in triton 3.6 without the per-call device query and
     launch-hook lookups (so launch hooks, such as a profiler's, do not see these launches). With ``bare``, and when the
-    kernel needs no global or profile scratch, the launcher's C entry is called without its Python wrapper. Other
-    triton versions take the public path.
+    kernel needs no global or profile scratch, the launcher's entry is called without the wrapper that allocates it
+    (for a kernel with descriptor arguments that entry is still Python: it encodes each descriptor). Other triton
+    versions take the public path.
     """
     if hasattr(kernel, "result"):
         kernel = kernel.result()

@@ -15,13 +15,19 @@ How (kernels.py, pack.py, launch.py):
 - Build repacks the words once: one contiguous block per (N tile, group), each word's nibbles where the wgmma register
   operand holds them, so the dequantized tile stays in registers. An inline-PTX sequence dequantizes two codes per
   32-bit operation (DEQUANT 2); the CPU interpreter runs the pure-Triton equivalent (DEQUANT 1).
+- The K loop is bound by its instruction stream and the latencies in it, not by memory (Nsight Compute on the H200:
+  half of the issue slots busy with about 3.5 warps per scheduler, half of the DRAM bandwidth, no dominant stall;
+  reports/examples/h200-weight-stream): fewer instructions per weight byte sped it up (DEQUANT 3, more with MAXNREG
+  96: LEAN_LOOP, which the plans of LEAN_MIN_US and more run); earlier scale loads, the copy engine for the words,
+  and a register cap alone did not.
 - Split-K for small N: the splits add their fp32 partials into a kept (M, N) accumulator and count themselves in per
   tile; the last one applies the epilogue and leaves accumulator and counter at zero. One launch per call.
 - The host path: per M the plan and a launcher of the compiled kernel are made once; a call checks its arguments with
   a few attribute reads (the full checks only where those fail), allocates the output and launches with bare
   addresses (LAUNCH 2).
-Kept after build: the repacked words (K*N/2 bytes), references to scales and bias, and for split or stream-K plans
-the accumulator and counters (4*M*N + 4*tiles bytes) of the latest such M only.
+Kept after build: the repacked words (K*N/2 bytes), references to scales (a copy where the caller's base is off 16-byte
+alignment) and bias, and for split or stream-K plans the accumulator and counters (4*M*N + 4*tiles bytes) of the
+latest such M only.
 Tune with `make sweep SOLUTION=methods/drafts/w4a16` on a GPU; the evidence behind the tables is in
 reports/examples/h200-splitk-sweeps.
 """
@@ -58,17 +64,31 @@ def device_bound_split(M, K, N, tiles, split_k, target_us):
     return split_k
 
 
+# The leaner K loop: DEQUANT 3 under a 96-register cap issues 189 instructions per step instead of 209 and fits 5
+# programs on an SM instead of 4, 1.03-1.28x the GPU time of the default loop on the visible panel (H200). A plan
+# that already takes at least LEAN_MIN_US (get_config) of predicted GPU time per call runs it; a shorter one keeps
+# the default loop, whose longer GPU time per call keeps it clear of its host cost (the verifier's schedule spread a
+# 17 us leaner plan past its 1.15 gate where the 19 us default one held). The split count is chosen first and stays.
+LEAN_LOOP = {"DEQUANT": 3, "MAXNREG": 96}
+
+
 def get_config():
     # The general plan: every shape that no tier claims. BLOCK_SIZE_K is the quantization group. BLOCK_SIZE_M is the
     # largest M tile (smaller M uses max(16, next power of two of M)). SPLIT_K 0 takes the fewest splits that give
-    # MIN_PROGRAMS programs. DEQUANT 2 and 3 are inline PTX (1 is the pure-Triton equivalent). SCALE_AFTER_DOT 1
-    # scales the fp32 partial; 0 scales the fp16 tile before the dot. LAUNCH 2 passes integer addresses to the
+    # MIN_PROGRAMS programs. DEQUANT 2 (11 instructions a word) and 3 (9) are inline PTX (1 is the pure-Triton
+    # equivalent). SCALE_AFTER_DOT 1 scales the fp32 partial; 0 scales the fp16 tile before the dot. SCALE_LOAD 0
+    # loads a step's scales at that step, 1 one step early, 2 as fp16 pairs that the compiler's pipeline streams ahead
+    # with the words when SCALE_AFTER_DOT is 0 (kernels._tile_partial). WEIGHT_TMA 1 reads the words through a tensor
+    # descriptor (the copy engine; the launcher encodes it on every call). LAUNCH 2 passes integer addresses to the
     # compiled launcher (the lean host path); 1 tensors. GRID 0 is one program per (tile, split); 1 is stream-K:
     # MIN_PROGRAMS programs (0: as many as the GPU holds at once) share the tiles x groups steps evenly.
+    # MAXNREG (0: the compiler's choice) caps registers per thread, so that more programs fit on an SM at once.
     # DEVICE_BOUND_US (0: off) is the least GPU time per call the split-K count may predict (device_bound_split).
+    # LEAN_MIN_US (0: never) is the least predicted GPU time per call of a split-K plan that runs LEAN_LOOP's knobs
+    # (those not overridden).
     return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 396,
-            "DEQUANT": 2, "SCALE_AFTER_DOT": 1, "LAUNCH": 2, "GRID": 0, "num_warps": 4, "num_stages": 4,
-            "DEVICE_BOUND_US": 16}
+            "DEQUANT": 2, "SCALE_AFTER_DOT": 1, "SCALE_LOAD": 0, "WEIGHT_TMA": 0, "LAUNCH": 2, "GRID": 0,
+            "num_warps": 4, "num_stages": 4, "MAXNREG": 0, "DEVICE_BOUND_US": 16, "LEAN_MIN_US": 22}
 
 
 # Per-shape overrides: the first tier whose N and K ranges hold the shape updates the general plan.
@@ -78,8 +98,8 @@ TIERS = [
 ]
 
 # What the loop may change, as data (agent/proposers/offline.py reads it without importing this file). "unmeasured"
-# values have not run on a GPU with this kernel (reports/examples/h200-splitk-sweeps and h200-w4a16-family hold what
-# has).
+# values have not run on a GPU with this kernel (reports/examples/h200-splitk-sweeps, h200-w4a16-family and
+# h200-weight-stream hold what has).
 SEARCH_SPACE = {
     "knobs": {
         "BLOCK_SIZE_N": {"values": [64, 128, 256],
@@ -91,24 +111,32 @@ SEARCH_SPACE = {
         "num_stages": {"values": [2, 3, 4, 5], "unmeasured": [2, 5],
                        "reason": "more stages keep more weight loads in flight; fewer free shared memory"},
         "num_warps": {"values": [4, 8], "reason": "more warps hide the dequant's and the loads' latency"},
-        "DEQUANT": {"values": [2, 3], "unmeasured": [3],
+        "DEQUANT": {"values": [2, 3],
                     "reason": "3 dequantizes a word with one shift, not three (9 instructions per 8 codes, not 11)"},
-        "SCALE_AFTER_DOT": {"values": [1, 0], "unmeasured": [0],
+        "SCALE_AFTER_DOT": {"values": [1, 0],
                             "reason": "0 scales the fp16 tile before the dot: one fused MMA, no fp32 multiply a step"},
+        "MAXNREG": {"values": [0, 96, 88],
+                    "reason": "a register cap fits 5 programs on an SM instead of 4 (96 and 88 without spills; 88 "
+                              "lengthens the loop): more warps to hide the loop's latencies"},
+        "LEAN_MIN_US": {"values": [0, 18, 20, 22, 24, 30],
+                        "reason": "a lower threshold runs the leaner loop (LEAN_LOOP) on more plans: faster, but a "
+                                  "plan near its host cost loses its steady group times (17 us did)"},
         "DEVICE_BOUND_US": {"values": [0, 14, 16, 18, 20, 24],
                             "reason": "a higher floor takes fewer split-K programs where a call would be faster than "
                                       "its host can issue it: slower, but steady group times"},
     },
-    # LAUNCH 1 (no faster on the GPU, 4.5-6 us more host time per call: reports/examples/h200-stability) and GRID 1
-    # (stream-K: 0.96-1.04x the split-K grid: h200-w4a16-family) lost on the H200: plan() still takes them, the
-    # search does not.
+    # LAUNCH 1 (no faster on the GPU, 4.5-6 us more host time per call: reports/examples/h200-stability), GRID 1
+    # (stream-K: 0.96-1.04x the split-K grid: h200-w4a16-family), SCALE_LOAD 1 (0.96-1.00x), SCALE_LOAD 2 with
+    # SCALE_AFTER_DOT 0 (0.85-0.91x) and WEIGHT_TMA 1 (0.87-0.98x: h200-weight-stream) lost on the H200: plan() still
+    # takes them, the search does not.
     "only_when": {"MIN_PROGRAMS": [{"SPLIT_K": [0]}], "DEVICE_BOUND_US": [{"SPLIT_K": [0]}]},
     # the knob that moves a plan toward device-bound (more GPU time per call), for a host-bound verdict
     "device_bound": {"DEVICE_BOUND_US": "up"},
 }
 
 _TIER_RANGE_KEYS = ("N_MIN", "N_MAX", "K_MIN", "K_MAX")
-_ALLOWED = {"DEQUANT": (1, 2, 3), "SCALE_AFTER_DOT": (0, 1), "LAUNCH": (1, 2), "GRID": (0, 1)}
+_ALLOWED = {"DEQUANT": (1, 2, 3), "SCALE_AFTER_DOT": (0, 1), "SCALE_LOAD": (0, 1, 2), "WEIGHT_TMA": (0, 1),
+            "LAUNCH": (1, 2), "GRID": (0, 1)}
 
 
 def _next_pow2(value):
@@ -130,6 +158,12 @@ def plan(M, K, N, overrides=None):
     for key, allowed in _ALLOWED.items():
         if config[key] not in allowed:
             raise ValueError(f"{key} must be one of {allowed}; got {config[key]!r}")
+    if config["MAXNREG"] != 0 and not (isinstance(config["MAXNREG"], int) and 24 <= config["MAXNREG"] <= 255):
+        raise ValueError(f"MAXNREG must be 0 (the compiler's choice) or registers per thread in 24..255; got "
+                         f"{config['MAXNREG']!r}")
+    if not isinstance(config["LEAN_MIN_US"], (int, float)) or config["LEAN_MIN_US"] < 0:
+        raise ValueError(f"LEAN_MIN_US must be 0 (never) or the least predicted GPU time in us of a plan that runs "
+                         f"the leaner loop; got {config['LEAN_MIN_US']!r}")
     if config["GRID"] == 1 and config["SPLIT_K"] != 0:
         raise ValueError(f"GRID 1 (stream-K) shares the group steps itself: SPLIT_K must be 0; got {config['SPLIT_K']}")
     block_m = max(16, min(_next_pow2(config["BLOCK_SIZE_M"]), _next_pow2(M)))
@@ -150,6 +184,8 @@ def plan(M, K, N, overrides=None):
         split_k = device_bound_split(M, K, N, m_tiles * n_tiles, split_k, config["DEVICE_BOUND_US"])
     config["SPLIT_K"] = split_k
     config["PREDICTED_US"] = predicted_us(M, K, N, m_tiles * n_tiles * split_k)
+    if config["LEAN_MIN_US"] and config["PREDICTED_US"] >= config["LEAN_MIN_US"]:
+        config.update({key: value for key, value in LEAN_LOOP.items() if key not in (overrides or {})})
     return config
 
 
@@ -203,7 +239,11 @@ def build(qweight, scales, bias, epilogue, config=None):
     activation = ACTIVATIONS[epilogue]
     device = qweight.device
     overrides = dict(config) if config else None
-    # BLOCK_SIZE_N comes from (K, N) alone, whatever M a call brings: repack once, here
+    # BLOCK_SIZE_N comes from (K, N) alone, whatever M a call brings: repack once, here. The kernels read the scales
+    # in 32-bit pairs where SCALE_LOAD is 2: a base off 16-byte alignment gets an aligned copy, kept instead of a
+    # reference (the residency contract allows one copy of the scales)
+    if scales.data_ptr() % 16:
+        scales = scales.clone()
     weights = (pack.operand_blocks(qweight, plan(1, K, N, overrides)["BLOCK_SIZE_N"]), scales, bias)
     calls = {}  # x's shape (M, K) -> call(x, residual) -> out
     keeping = []  # the M whose call keeps an accumulator: one at a time, within the contract's allowance
