@@ -4,11 +4,15 @@ A producer warp copies each step's block of repacked words (pack.operand_blocks)
 memory stages with the copy engine (TMA, completion on an mbarrier); a consumer warpgroup loads the words into the
 wgmma register operand's layout (WORDS_LAYOUT: no shuffle on the way), dequantizes them with the family's one-shift
 inline PTX, runs the wgmma against x in shared memory, releases the stage and scales the fp32 partial. The partials
-go to an fp32 (M, N) buffer with relaxed atomics.
+go to an fp32 (M, N) buffer with relaxed atomics. ASYNC 0 waits for each step's wgmma before the next step's
+dequant; ASYNC 1 takes two steps per iteration and keeps the first step's wgmma in flight while it dequantizes the
+second (ptxas keeps the pair asynchronous from 80 registers up; under that, or with the wgmma in flight across the
+loop's back edge, it serializes every wgmma: its notes C7512 and C7514).
 
-    python ws_prototype.py sm90 [STAGES MAXNREG SPLIT_K]   compile for sm90 on any machine: registers, shared, loop
-    python ws_prototype.py gpu CASE_JSON                  on a CUDA GPU: error against fp32 x @ W, time against the
-                                                          family's whole call (triton.testing.do_bench medians)
+    python ws_prototype.py sm90 [STAGES MAXNREG SPLIT_K ASYNC]   compile for sm90 on any machine: registers,
+                                                                shared, the consumer loop's instructions per step
+    python ws_prototype.py gpu CASE_JSON                        on a CUDA GPU: error against fp32 x @ W, time against
+                                                                the family's whole call (do_bench medians)
 Run from the repository root (it loads methods/drafts/w4a16 and evals).
 """
 import os
@@ -16,7 +20,8 @@ import sys
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import tma, mbarrier, fence_async_shared, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                             warpgroup_mma_wait)
 
 # the family's one-shift dequant (DEQUANT 3), as the family's kernels hold it
 sys.path.insert(0, os.getcwd())
@@ -40,8 +45,20 @@ def _producer(q_desc, x_desc, w_bufs, x_bufs, ready, empty, q_row0, x_row0, k0, 
 
 
 @gluon.jit
+def _dequant_tile(words, BN: gl.constexpr, BK: gl.constexpr, dot_a: gl.constexpr):
+    n0, n1, n2, n3, n4, n5, n6, n7 = gl.inline_asm_elementwise(
+        DEQUANT_PTX_ONE_SHIFT, "=h,=h,=h,=h,=h,=h,=h,=h,r", [words], dtype=(gl.int16,) * 8, is_pure=True, pack=1)
+    nib = gl.join(gl.join(gl.join(n0, n4), gl.join(n2, n6)), gl.join(gl.join(n1, n5), gl.join(n3, n7)))
+    nib = gl.reshape(nib, [BN, 16, 8])
+    w = gl.permute(gl.reshape(nib, [BN, 4, 4, 2, 2, 2]), [0, 2, 5, 4, 1, 3])
+    w = gl.reshape(w, [BN, BK]).to(gl.float16, bitcast=True)
+    return gl.convert_layout(w, dot_a)
+
+
+@gluon.jit
 def _consumer(w_bufs, x_bufs, ready, empty, s_ptr, acc_ptr, M, N, g0, n_steps, pid_n, pid_m,
-              BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr, WORDS_LAYOUT: gl.constexpr):
+              BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr, WORDS_LAYOUT: gl.constexpr,
+              ASYNC: gl.constexpr):
     STAGES: gl.constexpr = w_bufs.type.shape[0]
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
     dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -50,23 +67,47 @@ def _consumer(w_bufs, x_bufs, ready, empty, s_ptr, acc_ptr, M, N, g0, n_steps, p
     acc = gl.zeros([BN, BM], gl.float32, mma)
     zero = gl.zeros([BN, BM], gl.float32, mma)
     s_ptrs = s_ptr + g0 * N + offs_n
-    for i in range(n_steps):
-        s = i % STAGES
-        phase = (i // STAGES) & 1
-        scale = gl.load(s_ptrs)
-        s_ptrs += N
-        mbarrier.wait(ready.index(s), phase)
-        words = w_bufs.index(s).load(WORDS_LAYOUT)
-        n0, n1, n2, n3, n4, n5, n6, n7 = gl.inline_asm_elementwise(
-            DEQUANT_PTX_ONE_SHIFT, "=h,=h,=h,=h,=h,=h,=h,=h,r", [words], dtype=(gl.int16,) * 8, is_pure=True, pack=1)
-        nib = gl.join(gl.join(gl.join(n0, n4), gl.join(n2, n6)), gl.join(gl.join(n1, n5), gl.join(n3, n7)))
-        nib = gl.reshape(nib, [BN, 16, 8])
-        w = gl.permute(gl.reshape(nib, [BN, 4, 4, 2, 2, 2]), [0, 2, 5, 4, 1, 3])
-        w = gl.reshape(w, [BN, BK]).to(gl.float16, bitcast=True)
-        w = gl.convert_layout(w, dot_a)
-        part = warpgroup_mma(w, x_bufs.index(s).permute((1, 0)), zero, use_acc=False)
-        mbarrier.arrive(empty.index(s), count=1)
-        acc += part * scale.to(gl.float32)[:, None]
+    if ASYNC:
+        # two steps per iteration: step 2j's MMA runs while step 2j + 1 is dequantized; an odd last step follows
+        for j in range(n_steps // 2):
+            i = 2 * j
+            s0 = i % STAGES
+            s1 = (i + 1) % STAGES
+            scale0 = gl.load(s_ptrs)
+            scale1 = gl.load(s_ptrs + N)
+            s_ptrs += 2 * N
+            mbarrier.wait(ready.index(s0), (i // STAGES) & 1)
+            w0 = _dequant_tile(w_bufs.index(s0).load(WORDS_LAYOUT), BN, BK, dot_a)
+            t0 = warpgroup_mma(w0, x_bufs.index(s0).permute((1, 0)), zero, use_acc=False, is_async=True)
+            mbarrier.wait(ready.index(s1), ((i + 1) // STAGES) & 1)
+            w1 = _dequant_tile(w_bufs.index(s1).load(WORDS_LAYOUT), BN, BK, dot_a)
+            t1 = warpgroup_mma(w1, x_bufs.index(s1).permute((1, 0)), zero, use_acc=False, is_async=True)
+            p0, _ = warpgroup_mma_wait(num_outstanding=1, deps=[t0, w0])
+            mbarrier.arrive(empty.index(s0), count=1)
+            acc += p0 * scale0.to(gl.float32)[:, None]
+            p1, _ = warpgroup_mma_wait(num_outstanding=0, deps=[t1, w1])
+            mbarrier.arrive(empty.index(s1), count=1)
+            acc += p1 * scale1.to(gl.float32)[:, None]
+        if n_steps % 2:  # the odd step left over, synchronously
+            i = n_steps - 1
+            s = i % STAGES
+            scale = gl.load(s_ptrs)
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            w = _dequant_tile(w_bufs.index(s).load(WORDS_LAYOUT), BN, BK, dot_a)
+            part = warpgroup_mma(w, x_bufs.index(s).permute((1, 0)), zero, use_acc=False)
+            mbarrier.arrive(empty.index(s), count=1)
+            acc += part * scale.to(gl.float32)[:, None]
+    else:
+        for i in range(n_steps):
+            s = i % STAGES
+            phase = (i // STAGES) & 1
+            scale = gl.load(s_ptrs)
+            s_ptrs += N
+            mbarrier.wait(ready.index(s), phase)
+            w = _dequant_tile(w_bufs.index(s).load(WORDS_LAYOUT), BN, BK, dot_a)
+            part = warpgroup_mma(w, x_bufs.index(s).permute((1, 0)), zero, use_acc=False)
+            mbarrier.arrive(empty.index(s), count=1)
+            acc += part * scale.to(gl.float32)[:, None]
     ptrs = acc_ptr + offs_m[None, :] * N + offs_n[:, None]
     gl.atomic_add(ptrs, acc, mask=(offs_m < M)[None, :], sem="relaxed")
 
@@ -74,7 +115,7 @@ def _consumer(w_bufs, x_bufs, ready, empty, s_ptr, acc_ptr, M, N, g0, n_steps, p
 @gluon.jit
 def w4a16_ws_kernel(q_desc, x_desc, s_ptr, acc_ptr, M, N, K, SPLIT_K: gl.constexpr,
                     BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-                    WORDS_LAYOUT: gl.constexpr):
+                    WORDS_LAYOUT: gl.constexpr, ASYNC: gl.constexpr = 0):
     pid = gl.program_id(0)
     m_tiles = gl.cdiv(M, BM)
     pid_m = pid % m_tiles
@@ -94,7 +135,7 @@ def w4a16_ws_kernel(q_desc, x_desc, s_ptr, acc_ptr, M, N, K, SPLIT_K: gl.constex
     q_row0 = (pid_n * groups + g_start) * BN
     gl.warp_specialize([
         (_consumer, (w_bufs, x_bufs, ready, empty, s_ptr, acc_ptr, M, N, g_start, n_steps, pid_n, pid_m,
-                     BN, BM, BK, WORDS_LAYOUT)),
+                     BN, BM, BK, WORDS_LAYOUT, ASYNC)),
         (_producer, (q_desc, x_desc, w_bufs, x_bufs, ready, empty, q_row0, pid_m * BM, g_start * BK, n_steps, BN, BK)),
     ], [1], [24])
 
@@ -112,7 +153,7 @@ def layouts(BN, BM, BK):
     return q_layout, x_layout
 
 
-def compile_sm90(stages=3, maxnreg=64, split=2):
+def compile_sm90(stages=3, maxnreg=64, split=2, use_async=0):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     BN, BM, BK = 64, 32, 128
@@ -120,7 +161,8 @@ def compile_sm90(stages=3, maxnreg=64, split=2):
     sig = {"q_desc": f"tensordesc<i32[{BN}, {BK // 8}],{q_layout!r}>",
            "x_desc": f"tensordesc<fp16[{BM}, {BK}],{x_layout!r}>",
            "s_ptr": "*fp16", "acc_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32"}
-    const = {"SPLIT_K": split, "BN": BN, "BM": BM, "BK": BK, "STAGES": stages, "WORDS_LAYOUT": WORDS_LAYOUT}
+    const = {"SPLIT_K": split, "BN": BN, "BM": BM, "BK": BK, "STAGES": stages, "WORDS_LAYOUT": WORDS_LAYOUT,
+             "ASYNC": use_async}
     sig.update(dict.fromkeys(const, "constexpr"))
     aligned = {(i,): [["tt.divisibility", 16]] for i in (2, 3, 5, 6)}  # s_ptr, acc_ptr, N, K
     src = GluonASTSource(w4a16_ws_kernel, sig, const, aligned)
@@ -155,32 +197,64 @@ def gpu_case(case_json, variants):
     base = triton.testing.do_bench(lambda: fn(t.x, t.residual), warmup=50, rep=300, return_mode="median")
     plan = fam.plan(M, K, N)
     print(f"{case.name}: family plan split {plan['SPLIT_K']}: {1e3 * base:.2f} us (do_bench median)", flush=True)
-    for stages, maxnreg, split_mult in variants:
+    for stages, maxnreg, split_mult, use_async in variants:
         split = max(1, min(K // BK, plan["SPLIT_K"] * split_mult))
         grid = (triton.cdiv(M, BM) * (N // BN), split)
         acc = torch.zeros((M, N), dtype=torch.float32, device="cuda")
 
         def launch():
             w4a16_ws_kernel[grid](q_desc, x_desc, t.scales, acc, M, N, K, SPLIT_K=split, BN=BN, BM=BM, BK=BK,
-                                  STAGES=stages, WORDS_LAYOUT=WORDS_LAYOUT, num_warps=4, maxnreg=maxnreg)
+                                  STAGES=stages, WORDS_LAYOUT=WORDS_LAYOUT, ASYNC=use_async, num_warps=4,
+                                  maxnreg=maxnreg)
         launch()
         torch.cuda.synchronize()
         err = ((acc - ref).abs().max() / ref.abs().max()).item()
         ms = triton.testing.do_bench(launch, warmup=50, rep=300, return_mode="median")
-        print(f"  ws stages {stages} maxnreg {maxnreg} split {split}: rel err {err:.2e}; {1e3 * ms:.2f} us "
+        print(f"  ws stages {stages} maxnreg {maxnreg} split {split} async {use_async}: rel err {err:.2e}; "
+              f"{1e3 * ms:.2f} us "
               f"({base / ms:.2f}x the family's whole call)", flush=True)
+
+
+def consumer_loop(cubin):
+    """(SASS instructions, wgmma waits) per K step of the loop holding whole steps (8 HGMMAs each) that issues the
+    fewest instructions per step: the consumer's steady state."""
+    import re
+    from hopper_compile import _cubin_tool
+    code, labels, pending = [], {}, []
+    for line in _cubin_tool("nvdisasm", ["-c"], cubin).splitlines():
+        label = re.match(r"^(\.L_x_\d+):", line)
+        instruction = re.match(r"^\s+/\*([0-9a-f]+)\*/\s+(\S.*)", line)
+        if label:
+            pending.append(label.group(1))
+        elif instruction:
+            code.append((int(instruction.group(1), 16), instruction.group(2)))
+            labels.update(dict.fromkeys(pending, code[-1][0]))
+            pending = []
+    best = None
+    for address, text in code:
+        branch = re.search(r"BRA\s+`\((\.L_x_\d+)\)", text)
+        if branch and labels.get(branch.group(1), address) < address:
+            body = [t for a, t in code if labels[branch.group(1)] <= a <= address]
+            steps = sum("HGMMA" in t for t in body) // 8
+            if steps and (best is None or len(body) / steps < len(best[0]) / best[1]):
+                best = (body, steps)
+    body, steps = best
+    return len(body) / steps, sum("DEPBAR" in t for t in body) / steps
 
 
 def main():
     if sys.argv[1] == "sm90":
         sys.path.insert(0, os.path.join(os.getcwd(), "tests", "methods"))
-        from hopper_compile import registers, sass_loop_instructions
+        from hopper_compile import registers
         kernel = compile_sm90(*(int(a) for a in sys.argv[2:]))
         cubin = kernel.asm["cubin"]
+        per_step, waits = consumer_loop(cubin)
         print(f"registers {registers(cubin)} (the kernel's cap; the partitions reallocate), shared "
-              f"{kernel.metadata.shared} B, consumer loop {sass_loop_instructions(cubin)} SASS instructions")
-    else:  # gpu: (stages, maxnreg, split-K multiple of the family's plan); the second call's variants
-        gpu_case(sys.argv[2], [(3, 64, 1), (3, 64, 2), (2, 64, 2), (4, 64, 2), (3, 56, 2)])
+              f"{kernel.metadata.shared} B, consumer loop {per_step:g} SASS instructions and {waits:g} wgmma waits "
+              "per K step")
+    else:  # gpu: (stages, maxnreg, split-K multiple of the family's plan, ASYNC)
+        gpu_case(sys.argv[2], [(3, 64, 1, 0), (3, 64, 2, 0), (3, 80, 1, 1), (3, 80, 2, 1), (4, 80, 2, 1),
+                               (3, 96, 2, 1)])
 
 
 if __name__ == "__main__":
