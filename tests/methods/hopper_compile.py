@@ -123,6 +123,9 @@ def main(solution: str) -> None:
     # (ptxas assembles the inline sequences here, so one it rejects shows on CPU), and the stream-K kernel (GRID 1)
     # for each case
     jobs = [(case, None) for case in cases] + [(cases[0], {"SPLIT_K": 1})]
+    # the default loop where the visible plans run the leaner one: unsplit, and on the widest tier (3 stages)
+    jobs += [(cases[0], {"SPLIT_K": 1, "LEAN_MIN_US": 0})]
+    jobs += [(case, {"LEAN_MIN_US": 0}) for case in cases if case.n >= 16384][:1]
     jobs += [(cases[0], {"DEQUANT": d}) for d in (2, 3)] + [(cases[0], {"SCALE_AFTER_DOT": 0})]
     # the scales loaded a step early, or as pairs the pipeline streams before the dot; the words through a descriptor
     jobs += [(cases[0], {"SCALE_LOAD": 1}), (cases[0], {"SCALE_LOAD": 2, "SCALE_AFTER_DOT": 0}),

@@ -157,29 +157,39 @@ def assert_device_bound(cfg, free):
 
 
 def test_plans_of_lean_min_us_and_more_run_the_leaner_loop_and_the_shorter_ones_the_default():
-    """LEAN_LOOP goes by the plan's predicted GPU time after the split is chosen, never changes the split, and leaves
-    a knob the caller overrides as given; LEAN_MIN_US 0 never runs it."""
+    """The leaner loop goes by the plan's predicted GPU time after the split is chosen (at the threshold itself too),
+    never changes the split, and a call's override of DEQUANT or MAXNREG sets the loop of every plan; LEAN_MIN_US 0
+    never runs it, and stream-K plans never do."""
     default = S.get_config()
     threshold = default["LEAN_MIN_US"]
+    lean_loop = {"DEQUANT": default["LEAN_DEQUANT"], "MAXNREG": default["LEAN_MAXNREG"]}
     assert threshold > default["DEVICE_BOUND_US"] > 0
-    lean_knobs = set(S.LEAN_LOOP)
-    assert lean_knobs <= set(S.SEARCH_SPACE["knobs"]) and "SPLIT_K" not in lean_knobs
+    assert all(default[key] != value for key, value in lean_loop.items())
     seen = set()
     for m, k, n in VISIBLE + [(20, 8192, 1024), (32, 4096, 4096), (1, 28672, 8192)]:
         cfg, never = S.plan(m, k, n), S.plan(m, k, n, {"LEAN_MIN_US": 0})
         assert cfg["SPLIT_K"] == never["SPLIT_K"] and cfg["PREDICTED_US"] == never["PREDICTED_US"]
+        others = set(lean_loop) | {"LEAN_MIN_US"}  # all else is the same plan
+        assert {k: v for k, v in cfg.items() if k not in others} == {k: v for k, v in never.items() if k not in others}
         lean = cfg["PREDICTED_US"] >= threshold
         seen.add(lean)
-        for key, value in S.LEAN_LOOP.items():
-            assert never[key] == default[key] != value
+        for key, value in lean_loop.items():
+            assert never[key] == default[key]
             assert cfg[key] == (value if lean else default[key]), (m, k, n, key)
-        pinned = S.plan(m, k, n, {"DEQUANT": 2})
-        assert pinned["DEQUANT"] == 2 and pinned["MAXNREG"] == cfg["MAXNREG"]
+        for pin in ({"DEQUANT": 2}, {"MAXNREG": 0}):
+            pinned = S.plan(m, k, n, pin)
+            assert (pinned["DEQUANT"], pinned["MAXNREG"]) == (never["DEQUANT"], never["MAXNREG"]), pin
+        at = S.plan(m, k, n, {"LEAN_MIN_US": cfg["PREDICTED_US"]})  # exactly at the threshold: leaner
+        above = S.plan(m, k, n, {"LEAN_MIN_US": cfg["PREDICTED_US"] * 1.0001})
+        assert at["DEQUANT"] == lean_loop["DEQUANT"] and above["DEQUANT"] == default["DEQUANT"]
+        assert S.plan(m, k, n, {"GRID": 1, "LEAN_MIN_US": 1})["DEQUANT"] == default["DEQUANT"]
     assert seen == {True, False}
     # the two 117 MB weights run it; 18x8192x8192 (about 18 us, near its host cost) does not
-    assert S.plan(24, 8192, 28672)["DEQUANT"] == S.plan(32, 28672, 8192)["DEQUANT"] == S.LEAN_LOOP["DEQUANT"]
+    assert S.plan(24, 8192, 28672)["DEQUANT"] == S.plan(32, 28672, 8192)["DEQUANT"] == lean_loop["DEQUANT"]
     assert S.plan(18, 8192, 8192)["DEQUANT"] == default["DEQUANT"]
-    assert S.plan(18, 8192, 8192, {"LEAN_MIN_US": 18})["DEQUANT"] == S.LEAN_LOOP["DEQUANT"]
+    assert S.plan(18, 8192, 8192, {"LEAN_MIN_US": 18})["DEQUANT"] == lean_loop["DEQUANT"]
+    # the search reaches each loop's knobs: the leaner one through its own keys
+    assert S.plan(24, 8192, 28672, {"LEAN_DEQUANT": 2, "LEAN_MAXNREG": 88})["MAXNREG"] == 88
 
 
 def test_unseen_shapes_get_device_bound_plans_by_the_rule_not_by_a_table():
@@ -294,14 +304,15 @@ def test_validation_errors():
     else:  # the interpreter reads tensors, never addresses: the first call of an M checks the devices
         with pytest.raises(ValueError, match="must be on"):
             S.build(t.qweight, t.scales, t.bias, "silu")(t.x.to("meta"), t.residual.to("meta"))
-    for bad in ({"DEQUANT": 7}, {"LAUNCH": 3}, {"GRID": 2}, {"SCALE_AFTER_DOT": 2}, {"SCALE_LOAD": 3},
-                {"WEIGHT_TMA": 2}):  # a typo is an error
+    for bad in ({"DEQUANT": 7}, {"LEAN_DEQUANT": 4}, {"LAUNCH": 3}, {"GRID": 2}, {"SCALE_AFTER_DOT": 2},
+                {"SCALE_LOAD": 3}, {"WEIGHT_TMA": 2}):  # a typo is an error
         with pytest.raises(ValueError, match=f"{next(iter(bad))} must be one of"):
             S.plan(18, 256, 256, bad)
-    for bad in (8, 300, 96.5, "96"):
-        with pytest.raises(ValueError, match="MAXNREG must be 0"):
-            S.plan(18, 256, 256, {"MAXNREG": bad})
-    for bad in (-1, "22", None):
+    for key in ("MAXNREG", "LEAN_MAXNREG"):
+        for bad in (8, 300, 96.5, "96", True):
+            with pytest.raises(ValueError, match=f"{key} must be 0"):
+                S.plan(18, 256, 256, {key: bad})
+    for bad in (-1, "22", None, True, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="LEAN_MIN_US must be 0"):
             S.plan(18, 256, 256, {"LEAN_MIN_US": bad})
     with pytest.raises(ValueError, match="SPLIT_K must be 0"):
@@ -437,6 +448,8 @@ def test_stream_k_plan_and_the_programs_a_gpu_holds_at_once():
 SM90_EXPECTED = {  # (kernel, split?, stages, dequant, scale after dot, scale load, weight tma, maxnreg):
     #              (registers, loop SASS instructions, shared)
     ("w4a16_splitk_kernel", True, 4, 2, 1, 0, 0, 0): ({103, 104}, {208, 209}, 45056),
+    ("w4a16_splitk_kernel", True, 3, 2, 1, 0, 0, 0): ({104}, {209}, 32768),
+    ("w4a16_splitk_kernel", False, 4, 2, 1, 0, 0, 0): ({95}, {195}, 45056),
     ("w4a16_splitk_kernel", True, 3, 3, 1, 0, 0, 96): ({91}, {189}, 32768),
     ("w4a16_splitk_kernel", False, 4, 3, 1, 0, 0, 96): ({91}, {194}, 45056),
     ("w4a16_splitk_kernel", True, 4, 3, 1, 0, 0, 0): ({104}, {194}, 45056),
