@@ -116,6 +116,8 @@ def _consumer(w_bufs, x_bufs, ready, empty, s_ptr, acc_ptr, M, N, g0, n_steps, p
 def w4a16_ws_kernel(q_desc, x_desc, s_ptr, acc_ptr, M, N, K, SPLIT_K: gl.constexpr,
                     BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
                     WORDS_LAYOUT: gl.constexpr, ASYNC: gl.constexpr = 0):
+    # ASYNC holds two stages at once: with one the consumer would wait for a stage it has not released
+    gl.static_assert(ASYNC == 0 or STAGES >= 2, "ASYNC 1 needs STAGES >= 2")
     pid = gl.program_id(0)
     m_tiles = gl.cdiv(M, BM)
     pid_m = pid % m_tiles
@@ -238,8 +240,10 @@ def consumer_loop(cubin):
             steps = sum("HGMMA" in t for t in body) // 8
             if steps and (best is None or len(body) / steps < len(best[0]) / best[1]):
                 best = (body, steps)
+    if best is None:
+        raise RuntimeError("no loop in the machine code holds a whole step's 8 HGMMAs")
     body, steps = best
-    return len(body) / steps, sum("DEPBAR" in t for t in body) / steps
+    return len(body) / steps, sum("WARPGROUP.DEPBAR" in t for t in body) / steps
 
 
 def main():
@@ -252,7 +256,8 @@ def main():
         print(f"registers {registers(cubin)} (the kernel's cap; the partitions reallocate), shared "
               f"{kernel.metadata.shared} B, consumer loop {per_step:g} SASS instructions and {waits:g} wgmma waits "
               "per K step")
-    else:  # gpu: (stages, maxnreg, split-K multiple of the family's plan, ASYNC)
+    else:  # gpu: (stages, maxnreg, split-K multiple of the family's plan, ASYNC); ws-prototype-1.txt and -2.txt list
+        # the variants of their runs
         gpu_case(sys.argv[2], [(3, 64, 1, 0), (3, 64, 2, 0), (3, 80, 1, 1), (3, 80, 2, 1), (4, 80, 2, 1),
                                (3, 96, 2, 1)])
 
