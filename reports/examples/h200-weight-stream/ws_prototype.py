@@ -1,18 +1,21 @@
-"""Prototype: a warp-specialized W4A16 split-K kernel in Gluon, the family's main loop without its epilogue.
+"""Prototype: a warp-specialized W4A16 split-K kernel in Gluon, the family's main loop and, with EPILOGUE 1, its
+epilogue.
 
 A producer warp copies each step's block of repacked words (pack.operand_blocks) and x tile into a ring of shared
 memory stages with the copy engine (TMA, completion on an mbarrier); a consumer warpgroup loads the words into the
 wgmma register operand's layout (WORDS_LAYOUT: no shuffle on the way), dequantizes them with the family's one-shift
-inline PTX, runs the wgmma against x in shared memory, releases the stage and scales the fp32 partial. The partials
-go to an fp32 (M, N) buffer with relaxed atomics. ASYNC 0 waits for each step's wgmma before the next step's
-dequant; ASYNC 1 takes two steps per iteration and keeps the first step's wgmma in flight while it dequantizes the
-second (ptxas keeps the pair asynchronous from 80 registers up; under that, or with the wgmma in flight across the
-loop's back edge, it serializes every wgmma: its notes C7512 and C7514).
+inline PTX, runs the wgmma against x in shared memory, releases the stage and scales the fp32 partial. ASYNC 0 waits
+for each step's wgmma before the next step's dequant; ASYNC 1 takes two steps per iteration and keeps the first
+step's wgmma in flight while it dequantizes the second (ptxas keeps the pair asynchronous from 80 registers up; under
+that, or with the wgmma in flight across the loop's back edge, it serializes every wgmma: its notes C7512 and C7514).
+The consumer returns its partial to the kernel's default warps. EPILOGUE 0 adds it into an fp32 (M, N) buffer with
+relaxed atomics; EPILOGUE 1 is the family's: bias, activation and residual into a fp16 output, the splits meeting in
+the kept fp32 accumulator and a counter per tile that the last split leaves at zero.
 
-    python ws_prototype.py sm90 [STAGES MAXNREG SPLIT_K ASYNC]   compile for sm90 on any machine: registers,
-                                                                shared, the consumer loop's instructions per step
-    python ws_prototype.py gpu CASE_JSON                        on a CUDA GPU: error against fp32 x @ W, time against
-                                                                the family's whole call (do_bench medians)
+    python ws_prototype.py sm90 [STAGES MAXNREG SPLIT_K ASYNC EPILOGUE]   compile for sm90 on any machine:
+                                          registers, shared, the consumer loop's instructions per step
+    python ws_prototype.py gpu CASE_JSON  on a CUDA GPU: the partials against fp32 x @ W, or the output as the
+                                          harness checks it; time against the family's whole call (do_bench medians)
 Run from the repository root (it loads methods/drafts/w4a16 and evals).
 """
 import os
@@ -56,14 +59,13 @@ def _dequant_tile(words, BN: gl.constexpr, BK: gl.constexpr, dot_a: gl.constexpr
 
 
 @gluon.jit
-def _consumer(w_bufs, x_bufs, ready, empty, s_ptr, acc_ptr, M, N, g0, n_steps, pid_n, pid_m,
+def _consumer(w_bufs, x_bufs, ready, empty, s_ptr, N, g0, n_steps, pid_n,
               BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr, WORDS_LAYOUT: gl.constexpr,
               ASYNC: gl.constexpr):
     STAGES: gl.constexpr = w_bufs.type.shape[0]
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
     dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     offs_n = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
-    offs_m = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
     acc = gl.zeros([BN, BM], gl.float32, mma)
     zero = gl.zeros([BN, BM], gl.float32, mma)
     s_ptrs = s_ptr + g0 * N + offs_n
@@ -108,14 +110,26 @@ def _consumer(w_bufs, x_bufs, ready, empty, s_ptr, acc_ptr, M, N, g0, n_steps, p
             part = warpgroup_mma(w, x_bufs.index(s).permute((1, 0)), zero, use_acc=False)
             mbarrier.arrive(empty.index(s), count=1)
             acc += part * scale.to(gl.float32)[:, None]
-    ptrs = acc_ptr + offs_m[None, :] * N + offs_n[:, None]
-    gl.atomic_add(ptrs, acc, mask=(offs_m < M)[None, :], sem="relaxed")
+    return (acc,)  # the default partition's results are a tuple
 
 
 @gluon.jit
-def w4a16_ws_kernel(q_desc, x_desc, s_ptr, acc_ptr, M, N, K, SPLIT_K: gl.constexpr,
+def _finish(z, r_ptr, out_ptr, io, mask, ACTIVATION: gl.constexpr):
+    """out[io] = act(z) + residual[io] in fp16 (the family's epilogue), z the fp32 sum with the bias added."""
+    if ACTIVATION == 0:  # silu
+        y = z / (1.0 + gl.exp(-z))
+    else:  # gelu_tanh: z * sigmoid(2a)
+        inner = 0.7978845608028654 * (z + 0.044715 * z * z * z)
+        y = z / (1.0 + gl.exp(-2.0 * inner))
+    residual = gl.load(r_ptr + io, mask=mask, other=0.0)
+    gl.store(out_ptr + io, (y + residual.to(gl.float32)).to(gl.float16), mask=mask)
+
+
+@gluon.jit
+def w4a16_ws_kernel(q_desc, x_desc, s_ptr, b_ptr, r_ptr, out_ptr, acc_ptr, cnt_ptr, M, N, K,
+                    ACTIVATION: gl.constexpr, SPLIT_K: gl.constexpr,
                     BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-                    WORDS_LAYOUT: gl.constexpr, ASYNC: gl.constexpr = 0):
+                    WORDS_LAYOUT: gl.constexpr, ASYNC: gl.constexpr = 0, EPILOGUE: gl.constexpr = 0):
     # ASYNC holds two stages at once: with one the consumer would wait for a stage it has not released
     gl.static_assert(ASYNC == 0 or STAGES >= 2, "ASYNC 1 needs STAGES >= 2")
     pid = gl.program_id(0)
@@ -135,11 +149,33 @@ def w4a16_ws_kernel(q_desc, x_desc, s_ptr, acc_ptr, M, N, K, SPLIT_K: gl.constex
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     q_row0 = (pid_n * groups + g_start) * BN
-    gl.warp_specialize([
-        (_consumer, (w_bufs, x_bufs, ready, empty, s_ptr, acc_ptr, M, N, g_start, n_steps, pid_n, pid_m,
-                     BN, BM, BK, WORDS_LAYOUT, ASYNC)),
+    (acc,) = gl.warp_specialize([
+        (_consumer, (w_bufs, x_bufs, ready, empty, s_ptr, N, g_start, n_steps, pid_n, BN, BM, BK, WORDS_LAYOUT,
+                     ASYNC)),
         (_producer, (q_desc, x_desc, w_bufs, x_bufs, ready, empty, q_row0, pid_m * BM, g_start * BK, n_steps, BN, BK)),
     ], [1], [24])
+    # the default warps again (the producer idles): the output's element (m, n) is acc[n, m]
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
+    offs_n = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
+    offs_m = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
+    io = offs_m[None, :] * N + offs_n[:, None]
+    mask = (offs_m < M)[None, :]
+    if EPILOGUE == 0:  # fp32 partials only, into acc_ptr
+        gl.atomic_add(acc_ptr + io, acc, mask=mask, sem="relaxed")
+    else:
+        bias = gl.load(b_ptr + offs_n).to(gl.float32)[:, None]
+        if SPLIT_K == 1:
+            _finish(acc + bias, r_ptr, out_ptr, io, mask, ACTIVATION)
+        else:  # the family's kept accumulator and tile counter: the last split applies the epilogue and re-zeroes
+            gl.atomic_add(acc_ptr + io, acc, mask=mask, sem="relaxed")
+            gl.thread_barrier()
+            count = gl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel")
+            if count + 1 == SPLIT_K:
+                z = gl.load(acc_ptr + io, mask=mask, other=0.0, volatile=True)
+                _finish(z + bias, r_ptr, out_ptr, io, mask, ACTIVATION)
+                gl.thread_barrier()
+                gl.store(acc_ptr + io, gl.zeros_like(z), mask=mask)
+                gl.store(cnt_ptr + pid, 0)
 
 
 # thread (warp w, lane 4g + t) holds rows 16w + g and 16w + g + 8, words 4t .. 4t + 3 (the words the wgmma register
@@ -155,18 +191,19 @@ def layouts(BN, BM, BK):
     return q_layout, x_layout
 
 
-def compile_sm90(stages=3, maxnreg=64, split=2, use_async=0):
+def compile_sm90(stages=3, maxnreg=64, split=2, use_async=0, epilogue=0):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     BN, BM, BK = 64, 32, 128
     q_layout, x_layout = layouts(BN, BM, BK)
     sig = {"q_desc": f"tensordesc<i32[{BN}, {BK // 8}],{q_layout!r}>",
            "x_desc": f"tensordesc<fp16[{BM}, {BK}],{x_layout!r}>",
-           "s_ptr": "*fp16", "acc_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32"}
-    const = {"SPLIT_K": split, "BN": BN, "BM": BM, "BK": BK, "STAGES": stages, "WORDS_LAYOUT": WORDS_LAYOUT,
-             "ASYNC": use_async}
+           "s_ptr": "*fp16", "b_ptr": "*fp16", "r_ptr": "*fp16", "out_ptr": "*fp16", "acc_ptr": "*fp32",
+           "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
+    const = {"ACTIVATION": 1, "SPLIT_K": split, "BN": BN, "BM": BM, "BK": BK, "STAGES": stages,
+             "WORDS_LAYOUT": WORDS_LAYOUT, "ASYNC": use_async, "EPILOGUE": epilogue}
     sig.update(dict.fromkeys(const, "constexpr"))
-    aligned = {(i,): [["tt.divisibility", 16]] for i in (2, 3, 5, 6)}  # s_ptr, acc_ptr, N, K
+    aligned = {(i,): [["tt.divisibility", 16]] for i in (2, 3, 4, 5, 6, 7, 9, 10)}  # the pointers, N, K
     src = GluonASTSource(w4a16_ws_kernel, sig, const, aligned)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": maxnreg})
 
@@ -199,22 +236,30 @@ def gpu_case(case_json, variants):
     base = triton.testing.do_bench(lambda: fn(t.x, t.residual), warmup=50, rep=300, return_mode="median")
     plan = fam.plan(M, K, N)
     print(f"{case.name}: family plan split {plan['SPLIT_K']}: {1e3 * base:.2f} us (do_bench median)", flush=True)
-    for stages, maxnreg, split_mult, use_async in variants:
+    full_ref = kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
+    activation = {"silu": 0, "gelu_tanh": 1}[case.epilogue]
+    for stages, maxnreg, split_mult, use_async, epilogue in variants:
         split = max(1, min(K // BK, plan["SPLIT_K"] * split_mult))
         grid = (triton.cdiv(M, BM) * (N // BN), split)
         acc = torch.zeros((M, N), dtype=torch.float32, device="cuda")
+        counters = torch.zeros(grid[0], dtype=torch.int32, device="cuda")
+        out = torch.empty((M, N), dtype=torch.float16, device="cuda")
 
         def launch():
-            w4a16_ws_kernel[grid](q_desc, x_desc, t.scales, acc, M, N, K, SPLIT_K=split, BN=BN, BM=BM, BK=BK,
-                                  STAGES=stages, WORDS_LAYOUT=WORDS_LAYOUT, ASYNC=use_async, num_warps=4,
+            w4a16_ws_kernel[grid](q_desc, x_desc, t.scales, t.bias, t.residual, out, acc, counters, M, N, K,
+                                  ACTIVATION=activation, SPLIT_K=split, BN=BN, BM=BM, BK=BK, STAGES=stages,
+                                  WORDS_LAYOUT=WORDS_LAYOUT, ASYNC=use_async, EPILOGUE=epilogue, num_warps=4,
                                   maxnreg=maxnreg)
         launch()
         torch.cuda.synchronize()
-        err = ((acc - ref).abs().max() / ref.abs().max()).item()
+        if epilogue:  # the family's output, checked as the harness checks it; the kept state back at zero
+            check = f"output {kh.check_output(out, full_ref, (M, N))}, kept state zero " \
+                    f"{not acc.any().item() and not counters.any().item()}"
+        else:
+            check = f"rel err {((acc - ref).abs().max() / ref.abs().max()).item():.2e}"
         ms = triton.testing.do_bench(launch, warmup=50, rep=300, return_mode="median")
-        print(f"  ws stages {stages} maxnreg {maxnreg} split {split} async {use_async}: rel err {err:.2e}; "
-              f"{1e3 * ms:.2f} us "
-              f"({base / ms:.2f}x the family's whole call)", flush=True)
+        print(f"  ws stages {stages} maxnreg {maxnreg} split {split} async {use_async} epilogue {epilogue}: "
+              f"{check}; {1e3 * ms:.2f} us ({base / ms:.2f}x the family's whole call)", flush=True)
 
 
 def consumer_loop(cubin):
@@ -256,10 +301,10 @@ def main():
         print(f"registers {registers(cubin)} (the kernel's cap; the partitions reallocate), shared "
               f"{kernel.metadata.shared} B, consumer loop {per_step:g} SASS instructions and {waits:g} wgmma waits "
               "per K step")
-    else:  # gpu: (stages, maxnreg, split-K multiple of the family's plan, ASYNC); ws-prototype-1.txt and -2.txt list
-        # the variants of their runs
-        gpu_case(sys.argv[2], [(3, 64, 1, 0), (3, 64, 2, 0), (3, 80, 1, 1), (3, 80, 2, 1), (4, 80, 2, 1),
-                               (3, 96, 2, 1)])
+    else:  # gpu: (stages, maxnreg, split-K multiple of the family's plan, ASYNC, EPILOGUE); ws-prototype-1.txt and
+        # -2.txt list the variants of their runs
+        gpu_case(sys.argv[2], [(3, 64, 1, 0, 0), (3, 64, 1, 0, 1), (3, 80, 1, 1, 1), (3, 80, 2, 1, 1),
+                               (4, 80, 2, 1, 1), (3, 96, 2, 1, 1)])
 
 
 if __name__ == "__main__":
