@@ -176,20 +176,31 @@ def test_plans_of_lean_min_us_and_more_run_the_leaner_loop_and_the_shorter_ones_
         for key, value in lean_loop.items():
             assert never[key] == default[key]
             assert cfg[key] == (value if lean else default[key]), (m, k, n, key)
-        for pin in ({"DEQUANT": 2}, {"MAXNREG": 0}):
-            pinned = S.plan(m, k, n, pin)
-            assert (pinned["DEQUANT"], pinned["MAXNREG"]) == (never["DEQUANT"], never["MAXNREG"]), pin
+        for pin, loop in (({"DEQUANT": 3}, (3, default["MAXNREG"])), ({"MAXNREG": 96}, (default["DEQUANT"], 96))):
+            pinned = S.plan(m, k, n, pin)  # the other knob keeps the default loop's value, on every plan
+            assert (pinned["DEQUANT"], pinned["MAXNREG"]) == loop, (m, k, n, pin)
+        pair = lambda c: (c["DEQUANT"], c["MAXNREG"])  # noqa: E731
         at = S.plan(m, k, n, {"LEAN_MIN_US": cfg["PREDICTED_US"]})  # exactly at the threshold: leaner
         above = S.plan(m, k, n, {"LEAN_MIN_US": cfg["PREDICTED_US"] * 1.0001})
-        assert at["DEQUANT"] == lean_loop["DEQUANT"] and above["DEQUANT"] == default["DEQUANT"]
-        assert S.plan(m, k, n, {"GRID": 1, "LEAN_MIN_US": 1})["DEQUANT"] == default["DEQUANT"]
+        assert pair(at) == tuple(lean_loop.values()) and pair(above) == pair(never)
+        assert pair(S.plan(m, k, n, {"GRID": 1, "LEAN_MIN_US": 1})) == pair(never)
     assert seen == {True, False}
     # the two 117 MB weights run it; 18x8192x8192 (about 18 us, near its host cost) does not
     assert S.plan(24, 8192, 28672)["DEQUANT"] == S.plan(32, 28672, 8192)["DEQUANT"] == lean_loop["DEQUANT"]
     assert S.plan(18, 8192, 8192)["DEQUANT"] == default["DEQUANT"]
     assert S.plan(18, 8192, 8192, {"LEAN_MIN_US": 18})["DEQUANT"] == lean_loop["DEQUANT"]
     # the search reaches each loop's knobs: the leaner one through its own keys
-    assert S.plan(24, 8192, 28672, {"LEAN_DEQUANT": 2, "LEAN_MAXNREG": 88})["MAXNREG"] == 88
+    leaner = S.plan(24, 8192, 28672, {"LEAN_DEQUANT": 1, "LEAN_MAXNREG": 88})
+    assert (leaner["DEQUANT"], leaner["MAXNREG"]) == (1, 88)
+
+
+def test_a_tier_that_sets_the_loop_holds_on_its_leaner_plans_too(monkeypatch):
+    """A tier's DEQUANT or MAXNREG is that tier's loop, above LEAN_MIN_US as below it."""
+    assert S.plan(24, 8192, 28672)["DEQUANT"] == S.get_config()["LEAN_DEQUANT"]
+    tier = dict(S.TIERS[0], DEQUANT=2)
+    monkeypatch.setattr(S, "TIERS", [tier])
+    cfg = S.plan(24, 8192, 28672)
+    assert cfg["PREDICTED_US"] >= cfg["LEAN_MIN_US"] and (cfg["DEQUANT"], cfg["MAXNREG"]) == (2, 0)
 
 
 def test_unseen_shapes_get_device_bound_plans_by_the_rule_not_by_a_table():
@@ -305,12 +316,12 @@ def test_validation_errors():
         with pytest.raises(ValueError, match="must be on"):
             S.build(t.qweight, t.scales, t.bias, "silu")(t.x.to("meta"), t.residual.to("meta"))
     for bad in ({"DEQUANT": 7}, {"LEAN_DEQUANT": 4}, {"LAUNCH": 3}, {"GRID": 2}, {"SCALE_AFTER_DOT": 2},
-                {"SCALE_LOAD": 3}, {"WEIGHT_TMA": 2}):  # a typo is an error
-        with pytest.raises(ValueError, match=f"{next(iter(bad))} must be one of"):
+                {"SCALE_LOAD": 3}, {"WEIGHT_TMA": 2}, {"DEQUANT": 3.0}, {"LEAN_DEQUANT": True}):  # a typo is an error
+        with pytest.raises(ValueError, match=f"^{next(iter(bad))} must be one of"):
             S.plan(18, 256, 256, bad)
     for key in ("MAXNREG", "LEAN_MAXNREG"):
-        for bad in (8, 300, 96.5, "96", True):
-            with pytest.raises(ValueError, match=f"{key} must be 0"):
+        for bad in (8, 300, 96.5, "96", True, False, 0.0):
+            with pytest.raises(ValueError, match=f"^{key} must be 0"):
                 S.plan(18, 256, 256, {key: bad})
     for bad in (-1, "22", None, True, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="LEAN_MIN_US must be 0"):

@@ -85,8 +85,8 @@ def get_config():
     # MAXNREG (0: the compiler's choice) caps registers per thread, so that more programs fit on an SM at once.
     # DEVICE_BOUND_US (0: off) is the least GPU time per call the split-K count may predict (device_bound_split).
     # LEAN_MIN_US (0: never) is the least predicted GPU time per call of a GRID 0 plan (any split count; stream-K
-    # never) that runs the leaner loop, LEAN_DEQUANT under LEAN_MAXNREG, in place of DEQUANT and MAXNREG; a call's
-    # override of DEQUANT or MAXNREG sets the loop of every plan.
+    # never) that runs the leaner loop, LEAN_DEQUANT under LEAN_MAXNREG, in place of DEQUANT and MAXNREG; a tier or a
+    # call that sets DEQUANT or MAXNREG sets the loop of every plan it covers.
     return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 396,
             "DEQUANT": 2, "SCALE_AFTER_DOT": 1, "SCALE_LOAD": 0, "WEIGHT_TMA": 0, "LAUNCH": 2, "GRID": 0,
             "num_warps": 4, "num_stages": 4, "MAXNREG": 0, "DEVICE_BOUND_US": 16, "LEAN_MIN_US": 22,
@@ -115,19 +115,19 @@ SEARCH_SPACE = {
         "num_warps": {"values": [4, 8], "reason": "more warps hide the dequant's and the loads' latency"},
         "DEQUANT": {"values": [2, 3],
                     "reason": "3 dequantizes a word with one shift, not three (9 instructions per 8 codes, not 11); "
-                              "plans under LEAN_MIN_US (LEAN_DEQUANT at and above it)"},
+                              "plans under LEAN_MIN_US, or every plan with LEAN_MIN_US 0 (LEAN_DEQUANT above it)"},
         "SCALE_AFTER_DOT": {"values": [1, 0],
                             "reason": "0 scales the fp16 tile before the dot: one fused MMA, no fp32 multiply a step"},
         "MAXNREG": {"values": [0, 96, 88],
                     "reason": "a register cap fits 5 programs on an SM instead of 4 (96 and 88 without spills; 88 "
                               "lengthens the loop): more warps to hide the loop's latencies; plans under "
-                              "LEAN_MIN_US (LEAN_MAXNREG at and above it)"},
+                              "LEAN_MIN_US, or every plan with LEAN_MIN_US 0 (LEAN_MAXNREG above it)"},
         "LEAN_DEQUANT": {"values": [3, 2], "reason": "the dequant of the plans at LEAN_MIN_US and more"},
         "LEAN_MAXNREG": {"values": [96, 0, 88], "reason": "the register cap of the plans at LEAN_MIN_US and more"},
         "LEAN_MIN_US": {"values": [0, 18, 20, 22, 24, 30],
                         "reason": "a lower threshold runs the leaner loop (LEAN_DEQUANT, LEAN_MAXNREG) on more "
-                                  "plans: faster, but a plan near its host cost loses its steady group times (17 us "
-                                  "did)"},
+                                  "plans: faster, but a plan near its host cost loses its steady group times (a "
+                                  "17 us one spread 1.198)"},
         "DEVICE_BOUND_US": {"values": [0, 14, 16, 18, 20, 24],
                             "reason": "a higher floor takes fewer split-K programs where a call would be faster than "
                                       "its host can issue it: slower, but steady group times"},
@@ -136,7 +136,9 @@ SEARCH_SPACE = {
     # (stream-K: 0.96-1.04x the split-K grid: h200-w4a16-family), SCALE_LOAD 1 (0.96-1.00x), SCALE_LOAD 2 with
     # SCALE_AFTER_DOT 0 (0.85-0.91x) and WEIGHT_TMA 1 (0.87-0.98x: h200-weight-stream) lost on the H200: plan() still
     # takes them, the search does not.
-    "only_when": {"MIN_PROGRAMS": [{"SPLIT_K": [0]}], "DEVICE_BOUND_US": [{"SPLIT_K": [0]}]},
+    "only_when": {"MIN_PROGRAMS": [{"SPLIT_K": [0]}], "DEVICE_BOUND_US": [{"SPLIT_K": [0]}],
+                  "LEAN_DEQUANT": [{"LEAN_MIN_US": [18, 20, 22, 24, 30]}],
+                  "LEAN_MAXNREG": [{"LEAN_MIN_US": [18, 20, 22, 24, 30]}]},
     # the knob that moves a plan toward device-bound (more GPU time per call), for a host-bound verdict
     "device_bound": {"DEVICE_BOUND_US": "up"},
 }
@@ -162,11 +164,11 @@ def plan(M, K, N, overrides=None):
     config.update(overrides or {})
     if config["BLOCK_SIZE_K"] != GROUP_SIZE:
         raise ValueError(f"BLOCK_SIZE_K must equal the quantization group {GROUP_SIZE}; got {config['BLOCK_SIZE_K']}")
-    for key, allowed in _ALLOWED.items():
-        if config[key] not in allowed:
+    for key, allowed in _ALLOWED.items():  # exact ints: True or 3.0 would reach the kernel as other constexprs
+        if type(config[key]) is not int or config[key] not in allowed:
             raise ValueError(f"{key} must be one of {allowed}; got {config[key]!r}")
     for key in ("MAXNREG", "LEAN_MAXNREG"):
-        if config[key] != 0 and not (type(config[key]) is int and 24 <= config[key] <= 255):
+        if type(config[key]) is not int or not (config[key] == 0 or 24 <= config[key] <= 255):
             raise ValueError(f"{key} must be 0 (the compiler's choice) or registers per thread in 24..255; got "
                              f"{config[key]!r}")
     lean_min = config["LEAN_MIN_US"]
@@ -193,7 +195,7 @@ def plan(M, K, N, overrides=None):
         split_k = device_bound_split(M, K, N, m_tiles * n_tiles, split_k, config["DEVICE_BOUND_US"])
     config["SPLIT_K"] = split_k
     config["PREDICTED_US"] = predicted_us(M, K, N, m_tiles * n_tiles * split_k)
-    pinned = {"DEQUANT", "MAXNREG"} & set(overrides or {})
+    pinned = {"DEQUANT", "MAXNREG"} & (set(overrides or {}) | set(tier))  # a tier's or a call's loop holds
     if config["LEAN_MIN_US"] and config["PREDICTED_US"] >= config["LEAN_MIN_US"] and not pinned:
         config["DEQUANT"], config["MAXNREG"] = config["LEAN_DEQUANT"], config["LEAN_MAXNREG"]
     return config
