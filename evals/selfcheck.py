@@ -151,7 +151,10 @@ def evaluate_case(module, baseline, case, device, plan: TimingPlan, copy_gbps: f
         result.checks["after_timing"] = kh.check_output(fn(x, residual), ref, (case.m, case.n)).to_dict()
         result.correct = result.checks["after_timing"]["ok"]
         stage = "host cost and GPU time"
+        if device.type == "cuda":  # as many distinct inputs as the verifier's pool (off CUDA nothing is probed)
+            inputs = kh.make_inputs(case, stability.PROBE_POOL, seed=2, device=device)
         found = stability.probe(fn, inputs, device)
+        del inputs
         result.host_us, result.gpu_us, result.device_ratio = found["host_us"], found["gpu_us"], found["ratio"]
         result.stable, result.stable_note = stability.verdict(found["host_us"], found["gpu_us"],
                                                               unmeasured=found["note"])

@@ -23,6 +23,11 @@ STABLE_RATIO = 1.3
 """GPU time per call over host cost per call at and above which the verifier's timed vectors stay within 1.10."""
 PROBE_CALLS = 128  # calls issued while the GPU is busy: well under the launch queue's depth
 PROBE_ROUNDS = 5
+# Distinct (x, residual) pairs the selfcheck probes with: the verifier's input pool (evals/gates.py, its "spec"
+# schedule), so that the GPU time per call is the one the verifier's groups see, each call's inputs new to the caches.
+# A few inputs cycled stay in the L2 and run shorter (the family's expert-batch plans on an H200: 0.6-0.8x the GPU
+# time; reports/examples/h200-verifier-regime).
+PROBE_POOL = 512
 SPIN_US = 8000.0  # the first busy stretch; doubled while the host needs longer than it to issue the calls
 SPIN_MAX_US = 256_000.0  # a callable whose calls the host cannot issue within this (it waits on the GPU) is not probed
 _perf_counter, _Event = time.perf_counter, torch.cuda.Event  # taken before any candidate code runs

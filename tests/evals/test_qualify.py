@@ -123,3 +123,36 @@ def test_a_device_bound_synthetic_callable_qualifies_and_the_probe_sees_its_gpu_
     assert run.returncode == 0 and report["passed"] and report["measured"], run.stdout + run.stderr[-2000:]
     row = report["rows"][0]
     assert row["rule_stable"] and row["ratio"] > stability.STABLE_RATIO and row["worst_max_min"] <= qualify.LIMIT
+
+
+def test_the_selfcheck_probes_with_the_verifiers_input_pool():
+    """The selfcheck's host/GPU probe must see the GPU time the verifier's groups see: as many distinct inputs as the
+    verifier's pool, so no call finds its inputs in the L2 (a few cycled ones would)."""
+    from evals import gates
+
+    spec = gates.SCHEDULES["spec"]
+    assert stability.PROBE_POOL == max(spec.input_pool, spec.calls_per_group)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the selfcheck probes only on CUDA")
+def test_on_cuda_the_selfcheck_probe_gets_the_pool_of_distinct_inputs(monkeypatch):
+    from evals import kernel_harness as kh
+    from evals import selfcheck
+    from evals.loader import load_solution
+
+    seen = []
+    real_probe = stability.probe
+
+    def probe(fn, inputs, device, *args, **kwargs):
+        seen.append({x.data_ptr() for x, _ in inputs})
+        return real_probe(fn, inputs, device, *args, **kwargs)
+
+    monkeypatch.setattr(stability, "probe", probe)
+    device = torch.device("cuda")
+    module = load_solution(ROOT / "methods" / "versions" / "v0")
+    case = kh.load_panel("smoke")[0]
+    plan = selfcheck.TimingPlan(1, 4, 1, 2)
+    result = selfcheck.evaluate_case(module, module, case, device, plan, None)
+    assert result.correct and result.gpu_us and result.host_us, result
+    assert [len(s) for s in seen] == [stability.PROBE_POOL]
