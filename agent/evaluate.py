@@ -167,8 +167,9 @@ class Evaluator:
         On a GPU a keeper must also be stable (``agent.stability``): a case the selfcheck finds host-bound, or a
         qualification vector over the verifier's limit, blocks the keep; such a candidate is still valid (correct,
         scored) and its ``stable`` cell says why. A host-bound case on which the candidate's GPU time is the best's
-        (``best_check``, the best's selfcheck report: its plan there is as far from its host as the best's) does not
-        block: the qualification, which times the verifier's own schedule, decides it. Without CUDA nothing is
+        (``best_check``, the best's selfcheck report: its plan there is as far from its host as the best's), or whose
+        GPU time clears its host cost short of the ratio, does not block: the qualification, which times the
+        verifier's own schedule, decides it. Without CUDA nothing is
         measured: the qualification never runs and the cell is "-".
         """
         stages: list[Stage] = []
@@ -208,10 +209,12 @@ class Evaluator:
         if not stable and "qualify" not in names:  # the selfcheck's host-bound probe, which no stage note says
             notes.append(f"stability: {stable_note}")
         shared = shared_cases(check, best_check) if self.cuda else []
-        if shared:
-            notes.append("stability: not blocking, at the best's own GPU time"
-                         + (" (the qualification decided)" if "qualify" in names else "") + ": "
-                         + ", ".join(f"{u['case']} {u['why']}" for u in shared))
+        for defer, why in (("as best", "at the best's own GPU time"), ("near", "GPU time above the host cost")):
+            cases = [u for u in shared if u["defer"] == defer]
+            if cases:
+                notes.append(f"stability: not blocking, {why}"
+                             + (" (the qualification decided)" if "qualify" in names else "") + ": "
+                             + ", ".join(f"{u['case']} {u['why']}" for u in cases))
         verdict = {"stages": [s.summary() for s in stages],
                    # a qualification that measured a vector over the limit answered: the stable cell says it
                    "failed_stage": next((s.name for s in stages

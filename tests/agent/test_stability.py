@@ -32,11 +32,13 @@ args = sys.argv[1:]
 numbers = json.loads((Path(args[args.index('--solution') + 1]) / 'numbers.json').read_text())
 part = numbers['versus_best' if '--baseline' in args else 'versus_v0']
 slow = numbers.get('host_bound', [])
+near = numbers.get('near_host_bound', [])  # GPU time above the host cost, short of the 1.3 ratio
+gpu = {{**{{c: 9.1 for c in slow}}, **{{c: 13.0 for c in near}}}}
 cases = [{{'case': {{'name': f'c{{i}}', 'stratum': stratum}}, 'correct': True, 'speedup': s, 'median_us': 10.0,
-          'times_us': [10.0, 10.05], 'host_us': 11.2, 'gpu_us': 9.1 if f'c{{i}}' in slow else 30.0,
-          'stable': f'c{{i}}' not in slow, 'stable_note': {HOST_BOUND_NOTE!r} if f'c{{i}}' in slow else 'stable'}}
+          'times_us': [10.0, 10.05], 'host_us': 11.2, 'gpu_us': gpu.get(f'c{{i}}', 30.0),
+          'stable': f'c{{i}}' not in gpu, 'stable_note': {HOST_BOUND_NOTE!r} if f'c{{i}}' in gpu else 'stable'}}
          for i, (stratum, s) in enumerate(part['speedups'])]
-stability = {{'measured': True, 'ratio_min': 1.3, 'stable': not slow, 'unstable_cases': slow, 'note': ''}}
+stability = {{'measured': True, 'ratio_min': 1.3, 'stable': not gpu, 'unstable_cases': sorted(gpu), 'note': ''}}
 report = {{'cases': cases, 'score': part['score'], 'all_correct': True, 'strata': {{}}, 'stability': stability}}
 Path(args[args.index('--json') + 1]).write_text(json.dumps(report))
 """
@@ -127,6 +129,28 @@ def test_a_host_bound_case_the_best_shares_is_left_to_the_qualification(tmp_path
     assert verdict["stable"] == "as best (host-bound: c1)" and verdict["unstable"] == []
     assert "not blocking, at the best's own GPU time: c1" in verdict["note"]
     assert decision(verdict) == "revert (0.990x best, noise 0.005)"
+
+
+def test_a_near_host_bound_case_is_left_to_the_qualification(tmp_path: Path):
+    """c1's GPU time (13.0 us) clears its host cost (11.2 us) short of the 1.3 ratio, with no best to compare: it does
+    not block untried; the qualification, the verifier's own schedule, decides, both ways."""
+    best = solution(tmp_path, "best", 1.0, 1.0)
+    fast = solution(tmp_path, "fast", 1.42, 1.4, near_host_bound=["c1"], qualify_max_min=1.04)
+    verdict = evaluator(tmp_path, cuda=True).evaluate(fast, best, best_is_baseline=False, full_check=False,
+                                                      best_score=1.0)
+    assert [s["name"] for s in verdict["stages"]][:4] == ["policy", "selfcheck", "versus_best", "qualify"]
+    assert verdict["keep"] and verdict["stable"] == "yes" and verdict["unstable"] == []
+    assert ("stability: not blocking, GPU time above the host cost (the qualification decided): c1 GPU 13.0 us "
+            "below 1.30x host 11.2 us") in verdict["note"]
+    unsteady = solution(tmp_path, "unsteady", 1.42, 1.4, near_host_bound=["c1"], qualify_max_min=1.19)
+    verdict = evaluator(tmp_path / "2", cuda=True).evaluate(unsteady, best, best_is_baseline=False, full_check=False,
+                                                            best_score=1.0)
+    assert not verdict["keep"] and verdict["stable"] == "no (c1 spec max/min 1.190)"
+    # not faster: no qualification, and the cell says what was not settled
+    level = solution(tmp_path, "level", 1.0, 0.99, near_host_bound=["c1"])
+    verdict = evaluator(tmp_path / "3", cuda=True).evaluate(level, best, best_is_baseline=False, full_check=False,
+                                                            best_score=1.0)
+    assert not qualify_calls(level) and verdict["stable"] == "near host-bound, not qualified: c1"
 
 
 def test_a_host_bound_case_the_candidate_moved_toward_its_host_still_blocks(tmp_path: Path):
@@ -263,6 +287,13 @@ def test_stability_block_on_crafted_reports():
     ghost = {**one, "stability": {**one["stability"], "unstable_cases": ["b", "z"]}}
     assert stability_block(ghost, None, best)[:2] == (False, "no (host-bound)")
     assert stability_block(two, None, {"cases": []})[:2] == (False, "no (host-bound: 2 cases)")
+    # a GPU time at or above the host cost, short of the ratio, is left to the qualification; below it, it blocks
+    near = gpu_report(("a", "balanced", True, 40.0), ("b", "expert-batch", False, 11.2))
+    assert stability_block(near, None) == (True, "near host-bound, not qualified: b", "")
+    assert stability_block(near, passed) == (True, "yes", "")
+    assert stability_block(near, failed)[:2] == (False, "no (b spec-unpinned max/min 1.300)")
+    assert [u["defer"] for u in shared_cases(near, None)] == ["near"] and unstable_cases(near, None) == []
+    assert stability_block(gpu_report(("b", "expert-batch", False, 11.1)), None)[:2] == (False, "no (host-bound: b)")
     # a qualification that could not time (a child that crashed) blocks the keep without calling the candidate unstable
     crashed = {**passed, "passed": False, "failures": ["the spec child failed: exit status 1: boom"]}
     assert stability_block(stable, crashed) == (False, "-", "not qualified: the spec child failed: exit status 1: boom")
