@@ -18,8 +18,8 @@ How (kernels.py, pack.py, launch.py):
 - The K loop is bound by its instruction stream and the latencies in it, not by memory (Nsight Compute on the H200:
   half of the issue slots busy with about 3.5 warps per scheduler, half of the DRAM bandwidth, no dominant stall;
   reports/examples/h200-weight-stream): fewer instructions per weight byte sped it up (DEQUANT 3, more with MAXNREG
-  96: LEAN_LOOP, which the plans of LEAN_MIN_US and more run); earlier scale loads, the copy engine for the words,
-  and a register cap alone did not.
+  96: the leaner loop, which plans predicted at LEAN_MIN_US or more run); earlier scale loads, the copy engine for
+  the words, and a register cap alone did not.
 - Split-K for small N: the splits add their fp32 partials into a kept (M, N) accumulator and count themselves in per
   tile; the last one applies the epilogue and leaves accumulator and counter at zero. One launch per call.
 - The host path: per M the plan and a launcher of the compiled kernel are made once; a call checks its arguments with
@@ -43,16 +43,19 @@ ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 # ------------------------------------------------------------------------------------------------ tuning (plain data)
 # Measurable speed: the verifier's timed groups are steady only when a call's GPU time clears its host cost (about
 # 1.3x, evals/stability.py). A plan that the model below predicts faster than DEVICE_BOUND_US (get_config) takes
-# fewer split-K programs until it is not (or one split). The model, fitted to back-to-back GPU times of this kernel on
-# an H200 (reports/examples/h200-stability) to predict at most 5% over any GPU time measured there (a test holds it
-# to that): a fixed cost, then the bytes at the lesser of the device's rate and the programs'.
+# fewer split-K programs until it is not (or one split). The model: a fixed cost, then the bytes at the lesser of the
+# device's rate and the programs'. It is fitted to the GPU times of this kernel under the verifier's schedule on an
+# H200 (reports/examples/h200-verifier-regime): there each call reads inputs new to the caches (512 distinct ones,
+# rewritten before each group), and a program moves about 11 GB/s; with 16 inputs cycled back to back, all of them
+# staying in the L2, about 15. A test holds the model to predict at most 5% over any of those times of the plans that
+# run the default loop (the leaner one runs only far above the floor).
 MODEL_FIXED_US = 4.0
 MODEL_DEVICE_GBPS = 2400.0
-MODEL_PROGRAM_GBPS = 15.0
+MODEL_PROGRAM_GBPS = 11.0
 
 
 def predicted_us(M, K, N, programs):
-    """Predicted GPU time per call (back to back) of ``programs`` split-K programs on an (M, K, N) case."""
+    """Predicted GPU time per call of ``programs`` split-K programs on an (M, K, N) case, its inputs new to caches."""
     bytes_moved = K * N // 2 + (K // GROUP_SIZE) * N * 2 + M * K * 2 + M * N * 4
     return MODEL_FIXED_US + bytes_moved / min(MODEL_DEVICE_GBPS, programs * MODEL_PROGRAM_GBPS) / 1e3
 
@@ -65,11 +68,11 @@ def device_bound_split(M, K, N, tiles, split_k, target_us):
 
 
 # The leaner K loop: DEQUANT 3 under a 96-register cap issues 189 instructions per step instead of 209 and fits 5
-# programs on an SM instead of 4, 1.03-1.28x the GPU time of the default loop on the visible panel (H200). A plan
-# that already takes at least LEAN_MIN_US (get_config) of predicted GPU time per call runs it; a shorter one keeps
-# the default loop, whose longer GPU time per call keeps it clear of its host cost (the verifier's schedule spread a
-# 17 us leaner plan past its 1.15 gate where the 19 us default one held). The split count is chosen first and stays.
-LEAN_LOOP = {"DEQUANT": 3, "MAXNREG": 96}
+# programs on an SM instead of 4, 1.03-1.28x faster than the default loop on the visible panel (H200, 16 distinct
+# inputs). A plan that already takes at least LEAN_MIN_US of predicted GPU time per call runs it (LEAN_DEQUANT and
+# LEAN_MAXNREG in get_config); a shorter one keeps DEQUANT and MAXNREG, the default loop, whose longer GPU time per
+# call keeps it further from its host cost (the verifier's schedule spread a 17 us leaner plan past its 1.15 gate where
+# the 19 us default one held). The split count is chosen first and stays.
 
 
 def get_config():
@@ -84,11 +87,13 @@ def get_config():
     # MIN_PROGRAMS programs (0: as many as the GPU holds at once) share the tiles x groups steps evenly.
     # MAXNREG (0: the compiler's choice) caps registers per thread, so that more programs fit on an SM at once.
     # DEVICE_BOUND_US (0: off) is the least GPU time per call the split-K count may predict (device_bound_split).
-    # LEAN_MIN_US (0: never) is the least predicted GPU time per call of a split-K plan that runs LEAN_LOOP's knobs
-    # (those not overridden).
+    # LEAN_MIN_US (0: never) is the least predicted GPU time per call of a GRID 0 plan (any split count; stream-K
+    # never) that runs the leaner loop, LEAN_DEQUANT under LEAN_MAXNREG, in place of DEQUANT and MAXNREG; a tier or a
+    # call that sets DEQUANT or MAXNREG sets the loop of every plan it covers.
     return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 396,
             "DEQUANT": 2, "SCALE_AFTER_DOT": 1, "SCALE_LOAD": 0, "WEIGHT_TMA": 0, "LAUNCH": 2, "GRID": 0,
-            "num_warps": 4, "num_stages": 4, "MAXNREG": 0, "DEVICE_BOUND_US": 16, "LEAN_MIN_US": 22}
+            "num_warps": 4, "num_stages": 4, "MAXNREG": 0, "DEVICE_BOUND_US": 16, "LEAN_MIN_US": 22,
+            "LEAN_DEQUANT": 3, "LEAN_MAXNREG": 96}
 
 
 # Per-shape overrides: the first tier whose N and K ranges hold the shape updates the general plan.
@@ -112,15 +117,20 @@ SEARCH_SPACE = {
                        "reason": "more stages keep more weight loads in flight; fewer free shared memory"},
         "num_warps": {"values": [4, 8], "reason": "more warps hide the dequant's and the loads' latency"},
         "DEQUANT": {"values": [2, 3],
-                    "reason": "3 dequantizes a word with one shift, not three (9 instructions per 8 codes, not 11)"},
+                    "reason": "3 dequantizes a word with one shift, not three (9 instructions per 8 codes, not 11); "
+                              "plans under LEAN_MIN_US, or every plan with LEAN_MIN_US 0 (LEAN_DEQUANT above it)"},
         "SCALE_AFTER_DOT": {"values": [1, 0],
                             "reason": "0 scales the fp16 tile before the dot: one fused MMA, no fp32 multiply a step"},
         "MAXNREG": {"values": [0, 96, 88],
                     "reason": "a register cap fits 5 programs on an SM instead of 4 (96 and 88 without spills; 88 "
-                              "lengthens the loop): more warps to hide the loop's latencies"},
+                              "lengthens the loop): more warps to hide the loop's latencies; plans under "
+                              "LEAN_MIN_US, or every plan with LEAN_MIN_US 0 (LEAN_MAXNREG above it)"},
+        "LEAN_DEQUANT": {"values": [3, 2], "reason": "the dequant of the plans at LEAN_MIN_US and more"},
+        "LEAN_MAXNREG": {"values": [96, 0, 88], "reason": "the register cap of the plans at LEAN_MIN_US and more"},
         "LEAN_MIN_US": {"values": [0, 18, 20, 22, 24, 30],
-                        "reason": "a lower threshold runs the leaner loop (LEAN_LOOP) on more plans: faster, but a "
-                                  "plan near its host cost loses its steady group times (17 us did)"},
+                        "reason": "a lower threshold runs the leaner loop (LEAN_DEQUANT, LEAN_MAXNREG) on more "
+                                  "plans: faster, but a plan near its host cost loses its steady group times (a "
+                                  "17 us one spread 1.198)"},
         "DEVICE_BOUND_US": {"values": [0, 14, 16, 18, 20, 24],
                             "reason": "a higher floor takes fewer split-K programs where a call would be faster than "
                                       "its host can issue it: slower, but steady group times"},
@@ -129,14 +139,16 @@ SEARCH_SPACE = {
     # (stream-K: 0.96-1.04x the split-K grid: h200-w4a16-family), SCALE_LOAD 1 (0.96-1.00x), SCALE_LOAD 2 with
     # SCALE_AFTER_DOT 0 (0.85-0.91x) and WEIGHT_TMA 1 (0.87-0.98x: h200-weight-stream) lost on the H200: plan() still
     # takes them, the search does not.
-    "only_when": {"MIN_PROGRAMS": [{"SPLIT_K": [0]}], "DEVICE_BOUND_US": [{"SPLIT_K": [0]}]},
+    "only_when": {"MIN_PROGRAMS": [{"SPLIT_K": [0]}], "DEVICE_BOUND_US": [{"SPLIT_K": [0]}],
+                  "LEAN_DEQUANT": [{"LEAN_MIN_US": [18, 20, 22, 24, 30]}],
+                  "LEAN_MAXNREG": [{"LEAN_MIN_US": [18, 20, 22, 24, 30]}]},
     # the knob that moves a plan toward device-bound (more GPU time per call), for a host-bound verdict
     "device_bound": {"DEVICE_BOUND_US": "up"},
 }
 
 _TIER_RANGE_KEYS = ("N_MIN", "N_MAX", "K_MIN", "K_MAX")
-_ALLOWED = {"DEQUANT": (1, 2, 3), "SCALE_AFTER_DOT": (0, 1), "SCALE_LOAD": (0, 1, 2), "WEIGHT_TMA": (0, 1),
-            "LAUNCH": (1, 2), "GRID": (0, 1)}
+_ALLOWED = {"DEQUANT": (1, 2, 3), "LEAN_DEQUANT": (1, 2, 3), "SCALE_AFTER_DOT": (0, 1), "SCALE_LOAD": (0, 1, 2),
+            "WEIGHT_TMA": (0, 1), "LAUNCH": (1, 2), "GRID": (0, 1)}
 
 
 def _next_pow2(value):
@@ -155,15 +167,17 @@ def plan(M, K, N, overrides=None):
     config.update(overrides or {})
     if config["BLOCK_SIZE_K"] != GROUP_SIZE:
         raise ValueError(f"BLOCK_SIZE_K must equal the quantization group {GROUP_SIZE}; got {config['BLOCK_SIZE_K']}")
-    for key, allowed in _ALLOWED.items():
-        if config[key] not in allowed:
+    for key, allowed in _ALLOWED.items():  # exact ints: True or 3.0 would reach the kernel as other constexprs
+        if type(config[key]) is not int or config[key] not in allowed:
             raise ValueError(f"{key} must be one of {allowed}; got {config[key]!r}")
-    if config["MAXNREG"] != 0 and not (isinstance(config["MAXNREG"], int) and 24 <= config["MAXNREG"] <= 255):
-        raise ValueError(f"MAXNREG must be 0 (the compiler's choice) or registers per thread in 24..255; got "
-                         f"{config['MAXNREG']!r}")
-    if not isinstance(config["LEAN_MIN_US"], (int, float)) or config["LEAN_MIN_US"] < 0:
+    for key in ("MAXNREG", "LEAN_MAXNREG"):
+        if type(config[key]) is not int or not (config[key] == 0 or 24 <= config[key] <= 255):
+            raise ValueError(f"{key} must be 0 (the compiler's choice) or registers per thread in 24..255; got "
+                             f"{config[key]!r}")
+    lean_min = config["LEAN_MIN_US"]
+    if type(lean_min) not in (int, float) or not 0 <= lean_min < float("inf"):
         raise ValueError(f"LEAN_MIN_US must be 0 (never) or the least predicted GPU time in us of a plan that runs "
-                         f"the leaner loop; got {config['LEAN_MIN_US']!r}")
+                         f"the leaner loop; got {lean_min!r}")
     if config["GRID"] == 1 and config["SPLIT_K"] != 0:
         raise ValueError(f"GRID 1 (stream-K) shares the group steps itself: SPLIT_K must be 0; got {config['SPLIT_K']}")
     block_m = max(16, min(_next_pow2(config["BLOCK_SIZE_M"]), _next_pow2(M)))
@@ -184,8 +198,9 @@ def plan(M, K, N, overrides=None):
         split_k = device_bound_split(M, K, N, m_tiles * n_tiles, split_k, config["DEVICE_BOUND_US"])
     config["SPLIT_K"] = split_k
     config["PREDICTED_US"] = predicted_us(M, K, N, m_tiles * n_tiles * split_k)
-    if config["LEAN_MIN_US"] and config["PREDICTED_US"] >= config["LEAN_MIN_US"]:
-        config.update({key: value for key, value in LEAN_LOOP.items() if key not in (overrides or {})})
+    pinned = {"DEQUANT", "MAXNREG"} & (set(overrides or {}) | set(tier))  # a tier's or a call's loop holds
+    if config["LEAN_MIN_US"] and config["PREDICTED_US"] >= config["LEAN_MIN_US"] and not pinned:
+        config["DEQUANT"], config["MAXNREG"] = config["LEAN_DEQUANT"], config["LEAN_MAXNREG"]
     return config
 
 
