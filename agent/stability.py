@@ -142,10 +142,11 @@ def stability_block(selfcheck: dict | None, qualify: dict | None,
                                                     "the limit")
         return True, "yes", ""
     if shared:
-        named = shared[0]["case"] if len(shared) == 1 else f"{len(shared)} cases"
-        if all(u["defer"] == "as best" for u in shared):
-            return True, f"as best (host-bound: {named})", ""
-        return True, f"near host-bound, not qualified: {named}", ""
+        def named(entries: list[dict]) -> str:
+            return entries[0]["case"] if len(entries) == 1 else f"{len(entries)} cases"
+        near = [u for u in shared if u["defer"] == "near"]  # the cell names those, not the ones at the best's time
+        cell = f"near host-bound, not qualified: {named(near)}" if near else f"as best (host-bound: {named(shared)})"
+        return True, cell, ""
     return True, "yes" if stability.get("stable") is True else "-", ""
 
 

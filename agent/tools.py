@@ -244,7 +244,8 @@ def profile_text(report: dict) -> str:
                 if c.get("stable") is False]
     if unstable:
         lines.append("host-bound (the verifier's dispersion gate can fail them; a candidate is not kept with one "
-                     "whose GPU time is more than 3% below the best's there): "
+                     "whose GPU time is below its host cost and more than 3% below the best's there; the timing "
+                     "under the verifier's schedule decides the others): "
                      + "; ".join(unstable))
     if report.get("interpreted"):
         lines.append("note: no GPU: these are Triton-interpreter wall times, not GPU timings")

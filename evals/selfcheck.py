@@ -5,9 +5,11 @@
 
 Never raises for a bad candidate: a failure at any stage becomes the case's ``error`` field (stage, name, message).
 On CUDA each case also records its host cost and GPU time per call and whether the GPU time clears the host cost
-by the calibrated ratio (evals/stability.py): a host-bound case fails the verifier's dispersion gate on noisy hosts,
-so the loop keeps no candidate with one. Exit status 0 only when every case is correct. Without CUDA it runs CPU
-tensors under the Triton interpreter and says that its timings are not GPU timings.
+by the calibrated ratio (evals/stability.py), the GPU time with as many distinct inputs as the verifier's pool: a
+host-bound case fails the verifier's dispersion gate on noisy hosts, so the loop keeps a candidate with one only when
+the timing under the verifier's own schedule (evals/qualify.py) holds it (agent/stability.py). Exit status 0 only
+when every case is correct. Without CUDA it runs CPU tensors under the Triton interpreter and says that its timings
+are not GPU timings.
 """
 from __future__ import annotations
 

@@ -23,10 +23,10 @@ STABLE_RATIO = 1.3
 """GPU time per call over host cost per call at and above which the verifier's timed vectors stay within 1.10."""
 PROBE_CALLS = 128  # calls issued while the GPU is busy: well under the launch queue's depth
 PROBE_ROUNDS = 5
-# Distinct (x, residual) pairs the selfcheck probes with: the verifier's input pool (evals/gates.py, its "spec"
-# schedule), so that the GPU time per call is the one the verifier's groups see, each call's inputs new to the caches.
-# A few inputs cycled stay in the L2 and run shorter (the family's expert-batch plans on an H200: 0.6-0.8x the GPU
-# time; reports/examples/h200-verifier-regime).
+# Distinct (x, residual) pairs the selfcheck probes with: as many as the verifier's input pool (evals/gates.py, its
+# "spec" schedule), which ``probe`` takes in turn over its rounds, so that its GPU time per call is the one the
+# verifier's groups see. A few inputs cycled stay in the L2 and run shorter (v89's expert-batch plans on an H200: 16
+# inputs, in make bench, ran them at 0.6-0.8x the verifier's times; reports/examples/h200-verifier-regime).
 PROBE_POOL = 512
 SPIN_US = 8000.0  # the first busy stretch; doubled while the host needs longer than it to issue the calls
 SPIN_MAX_US = 256_000.0  # a callable whose calls the host cannot issue within this (it waits on the GPU) is not probed
@@ -59,9 +59,10 @@ def probe(fn, inputs: list[tuple], device: torch.device, calls: int = PROBE_CALL
 
     Each round: a spin kernel keeps the GPU busy while the host issues ``calls`` calls (wall clock: the host cost,
     with no wait on the GPU in it); the calls then run back to back on the GPU (CUDA events after the spin and after
-    the last call: the GPU time per call, launch gaps included). ``calls`` in the result counts every call made. A round
-    counts only when the spin outlasted the host's
-    issuing; otherwise the spin doubles and the round runs again. Medians over ``rounds``. Off CUDA both are None.
+    the last call: the GPU time per call, launch gaps included). The calls take ``inputs`` in turn, each round going
+    on where the last stopped, so a pool larger than one round is used whole. ``calls`` in the result counts every
+    call made. A round counts only when the spin outlasted the host's issuing; otherwise the spin doubles and the
+    round runs again. Medians over ``rounds``. Off CUDA both are None.
     """
     if device.type != "cuda":
         return {"host_us": None, "gpu_us": None, "ratio": None, "calls": 0,
@@ -79,7 +80,7 @@ def probe(fn, inputs: list[tuple], device: torch.device, calls: int = PROBE_CALL
         spin(device, spin_us)
         after_spin.record()
         began = _perf_counter()
-        for i in range(calls):
+        for i in range(issued - calls, issued):
             fn(*inputs[i % len(inputs)])
         host = (_perf_counter() - began) * 1e6
         done.record()

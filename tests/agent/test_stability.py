@@ -1,7 +1,8 @@
 """The loop keeps only what the verifier would accept: a candidate the verifier could not time (a case host-bound in
-the selfcheck with less GPU time than the best's plan there, or a vector over max/min 1.15 under the verifier's
-schedule) is never kept; a host-bound case at the best's own GPU time is left to that qualification; without CUDA the
-qualification never runs and nothing claims stability.
+the selfcheck with less GPU time than both its host cost and the best's plan there, or a vector over max/min 1.15
+under the verifier's schedule) is never kept; a host-bound case at the best's own GPU time, or near host-bound (GPU
+time above the host cost, under the ratio), is left to that qualification; without CUDA the qualification never runs
+and nothing claims stability.
 
 This machine has no GPU. The CUDA branch runs the real ``Evaluator.evaluate`` with ``cuda=True`` on stand-in
 evaluator commands (real subprocesses that write the JSON the task's selfcheck and qualification write on a GPU);
@@ -23,6 +24,7 @@ from agent.tools import profile_text
 from tests.conftest import ROOT
 
 HOST_BOUND_NOTE = "host-bound: GPU 9.1 us per call is below 1.30 x the host cost 11.2 us"
+NEAR_NOTE = "near host-bound: GPU 13.0 us per call is only 1.16x the host cost 11.2 us (stable from 1.30x)"
 # A stand-in selfcheck: per-case speedups and a score from the solution's numbers.json ("versus_v0" or, with
 # --baseline, "versus_best"); the cases named in "host_bound" measured host-bound, the others stable, as on a GPU.
 SELFCHECK = f"""
@@ -34,9 +36,10 @@ part = numbers['versus_best' if '--baseline' in args else 'versus_v0']
 slow = numbers.get('host_bound', [])
 near = numbers.get('near_host_bound', [])  # GPU time above the host cost, short of the 1.3 ratio
 gpu = {{**{{c: 9.1 for c in slow}}, **{{c: 13.0 for c in near}}}}
+notes = {{**{{c: {HOST_BOUND_NOTE!r} for c in slow}}, **{{c: {NEAR_NOTE!r} for c in near}}}}
 cases = [{{'case': {{'name': f'c{{i}}', 'stratum': stratum}}, 'correct': True, 'speedup': s, 'median_us': 10.0,
           'times_us': [10.0, 10.05], 'host_us': 11.2, 'gpu_us': gpu.get(f'c{{i}}', 30.0),
-          'stable': f'c{{i}}' not in gpu, 'stable_note': {HOST_BOUND_NOTE!r} if f'c{{i}}' in gpu else 'stable'}}
+          'stable': f'c{{i}}' not in gpu, 'stable_note': notes.get(f'c{{i}}', 'stable')}}
          for i, (stratum, s) in enumerate(part['speedups'])]
 stability = {{'measured': True, 'ratio_min': 1.3, 'stable': not gpu, 'unstable_cases': sorted(gpu), 'note': ''}}
 report = {{'cases': cases, 'score': part['score'], 'all_correct': True, 'strata': {{}}, 'stability': stability}}
@@ -294,6 +297,11 @@ def test_stability_block_on_crafted_reports():
     assert stability_block(near, failed)[:2] == (False, "no (b spec-unpinned max/min 1.300)")
     assert [u["defer"] for u in shared_cases(near, None)] == ["near"] and unstable_cases(near, None) == []
     assert stability_block(gpu_report(("b", "expert-batch", False, 11.1)), None)[:2] == (False, "no (host-bound: b)")
+    # one of each: the cell names the near one (the other is at the best's own time)
+    mixed = gpu_report(("a", "expert-batch", False, 9.1), ("b", "expert-batch", False, 11.2))
+    far_best = gpu_report(("a", "expert-batch", True, 9.3), ("b", "expert-batch", True, 20.0))
+    assert [u["defer"] for u in shared_cases(mixed, far_best)] == ["as best", "near"]
+    assert stability_block(mixed, None, far_best) == (True, "near host-bound, not qualified: b", "")
     # a qualification that could not time (a child that crashed) blocks the keep without calling the candidate unstable
     crashed = {**passed, "passed": False, "failures": ["the spec child failed: exit status 1: boom"]}
     assert stability_block(stable, crashed) == (False, "-", "not qualified: the spec child failed: exit status 1: boom")

@@ -219,30 +219,26 @@ def test_unseen_shapes_get_device_bound_plans_by_the_rule_not_by_a_table():
 
 def test_the_model_never_predicts_more_gpu_time_than_the_h200_measured_under_the_verifiers_schedule():
     """The device-bound floor is only as safe as its model: a prediction above the real GPU time would call a
-    host-bound plan device-bound. Every plan of the committed qualifications (GPU time per call under the verifier's
-    schedule, each call's inputs new to the caches) with a fixed split that runs the default loop, the loop of every
-    plan near the floor, is predicted within 5% of, or below, what the H200 measured."""
+    host-bound plan device-bound. Every plan of the committed qualifications with a fixed split (GPU time per call
+    under the verifier's schedule: 512 distinct inputs; 1 to 4 splits, either loop) is predicted within 5% of, or
+    below, what the H200 measured; and at median not far below it."""
     folder = ROOT / "reports" / "examples" / "h200-verifier-regime"
     rows = [row for name in ("qualify-expert-batch.json", "qualify-three-cases.json")
             for row in json.loads((folder / name).read_text())["rows"]]
-    default = S.get_config()
     ratios = []
     for row in rows:
-        if "SPLIT_K" not in row["overrides"]:  # the plan of {} is the model's own choice when it was measured
+        if "SPLIT_K" not in row["overrides"]:  # the split of {} depends on the model that chose it
             continue
         m, k, n = (int(v) for v in row["case"].split("-")[0].split("x"))
         cfg = S.plan(m, k, n, row["overrides"])
-        if (cfg["DEQUANT"], cfg["MAXNREG"]) != (default["DEQUANT"], default["MAXNREG"]):
-            continue
         (probe,) = row["probes"]
         assert cfg["PREDICTED_US"] <= 1.05 * probe["gpu_us"], (row["case"], row["overrides"], cfg["PREDICTED_US"])
         ratios.append(cfg["PREDICTED_US"] / probe["gpu_us"])
-    assert len(ratios) >= 12
-    # nor far below: a loose model keeps fewer splits than the floor needs (the model of GPU times with the inputs in
-    # the L2 predicted these 0.7-0.8x, and left expert-batch plans at 1.2-2.3x the GPU time of the splits it barred)
+    assert len(ratios) >= 20
+    # a loose model keeps fewer splits than the floor needs: one fitted to times with the inputs in the L2 (15 GB/s
+    # per program) predicts these at 0.7-0.8x, and keeps expert-batch plans at 1.2-2.3x the GPU time of the splits
+    # it bars
     assert sorted(ratios)[len(ratios) // 2] >= 0.9, sorted(ratios)
-    # the leaner loop runs only well above the floor, where the model's error moves no split
-    assert default["LEAN_MIN_US"] >= 1.3 * default["DEVICE_BOUND_US"]
 
 
 def test_tables_and_search_space_are_plain_literals_that_agree_with_plan():

@@ -45,10 +45,10 @@ ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 # 1.3x, evals/stability.py). A plan that the model below predicts faster than DEVICE_BOUND_US (get_config) takes
 # fewer split-K programs until it is not (or one split). The model: a fixed cost, then the bytes at the lesser of the
 # device's rate and the programs'. It is fitted to the GPU times of this kernel under the verifier's schedule on an
-# H200 (reports/examples/h200-verifier-regime): there each call reads inputs new to the caches (512 distinct ones,
-# rewritten before each group), and a program moves about 11 GB/s; with 16 inputs cycled back to back, all of them
-# staying in the L2, about 15. A test holds the model to predict at most 5% over any of those times of the plans that
-# run the default loop (the leaner one runs only far above the floor).
+# H200 (reports/examples/h200-verifier-regime): there the calls cycle 512 distinct inputs (rewritten before each
+# group), and a program moves about 11 GB/s; with 16 inputs cycled back to back, all of them staying in the L2, about
+# 15. A test holds the model to predict at most 5% over, and at median not far under, each of those times of a plan
+# with a fixed split (1 to 4 splits, either loop).
 MODEL_FIXED_US = 4.0
 MODEL_DEVICE_GBPS = 2400.0
 MODEL_PROGRAM_GBPS = 11.0
@@ -69,10 +69,11 @@ def device_bound_split(M, K, N, tiles, split_k, target_us):
 
 # The leaner K loop: DEQUANT 3 under a 96-register cap issues 189 instructions per step instead of 209 and fits 5
 # programs on an SM instead of 4, 1.03-1.28x faster than the default loop on the visible panel (H200, 16 distinct
-# inputs). A plan that already takes at least LEAN_MIN_US of predicted GPU time per call runs it (LEAN_DEQUANT and
-# LEAN_MAXNREG in get_config); a shorter one keeps DEQUANT and MAXNREG, the default loop, whose longer GPU time per
-# call keeps it further from its host cost (the verifier's schedule spread a 17 us leaner plan past its 1.15 gate where
-# the 19 us default one held). The split count is chosen first and stays.
+# inputs; under the verifier's schedule, on one-split expert-batch plans, 0.91-0.95x). A plan that already takes at
+# least LEAN_MIN_US of predicted GPU time per call runs it (LEAN_DEQUANT and LEAN_MAXNREG in get_config); a shorter
+# one keeps DEQUANT and MAXNREG, the default loop, whose longer GPU time per call keeps it further from its host cost
+# (the verifier's schedule spread a 17 us leaner plan past its 1.15 gate where the 19 us default one held). The split
+# count is chosen first and stays.
 
 
 def get_config():
