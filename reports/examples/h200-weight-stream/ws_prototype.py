@@ -2,9 +2,10 @@
 epilogue.
 
 A producer warp copies each step's block of repacked words (pack.operand_blocks) and x tile into a ring of shared
-memory stages with the copy engine (TMA, completion on an mbarrier); a consumer warpgroup loads the words into the
-wgmma register operand's layout (WORDS_LAYOUT: no shuffle on the way), dequantizes them with the family's one-shift
-inline PTX, runs the wgmma against x in shared memory, releases the stage and scales the fp32 partial. ASYNC 0 waits
+memory stages with the copy engine (TMA, completion on an mbarrier); the consumer warps (CONSUMER_WARPS 4, one
+warpgroup, for 64 columns a program; 8, two warpgroups sharing each x tile, for 128) load the words into the wgmma
+register operand's layout (words_layout: no shuffle on the way), dequantize them with the family's one-shift inline
+PTX, run the wgmma against x in shared memory, release the stage and scale the fp32 partial. ASYNC 0 waits
 for each step's wgmma before the next step's dequant; ASYNC 1 takes two steps per iteration and keeps the first
 step's wgmma in flight while it dequantizes the second (ptxas keeps the pair asynchronous from 80 registers up; under
 that, or with the wgmma in flight across the loop's back edge, it serializes every wgmma: its notes C7512 and C7514).
@@ -12,8 +13,9 @@ The consumer is the default partition: after the join its warps hold the partial
 (M, N) buffer with relaxed atomics; EPILOGUE 1 is the family's: bias, activation and residual into an fp16 output,
 the splits meeting in the kept fp32 accumulator and a counter per tile that the last split leaves at zero.
 
-    python ws_prototype.py sm90 [STAGES MAXNREG SPLIT_K ASYNC EPILOGUE]   compile for sm90 on any machine:
-                                          registers, shared, the consumer loop's instructions per step
+    python ws_prototype.py sm90 [STAGES MAXNREG SPLIT_K ASYNC EPILOGUE CONSUMER_WARPS]
+                                          compile for sm90 on any machine: registers, shared, the consumer
+                                          loop's instructions per step
     python ws_prototype.py gpu CASE_JSON  on a CUDA GPU: the partials against fp32 x @ W, or the output as the
                                           harness checks it; time against the family's whole call (do_bench medians)
 Run from the repository root (it loads methods/drafts/w4a16 and evals).
@@ -63,7 +65,7 @@ def _consumer(w_bufs, x_bufs, ready, empty, s_ptr, N, g0, n_steps, pid_n,
               BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr, WORDS_LAYOUT: gl.constexpr,
               ASYNC: gl.constexpr):
     STAGES: gl.constexpr = w_bufs.type.shape[0]
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[BN // 16, 1], instr_shape=[16, BM, 16])
     dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     offs_n = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
     acc = gl.zeros([BN, BM], gl.float32, mma)
@@ -156,7 +158,7 @@ def w4a16_ws_kernel(q_desc, x_desc, s_ptr, b_ptr, r_ptr, out_ptr, acc_ptr, cnt_p
     ], [1], [24])
     # after the join, in the consumer's warps (the default partition; the producer's warps idle): the output's
     # element (m, n) is acc[n, m]
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[BN // 16, 1], instr_shape=[16, BM, 16])
     offs_n = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
     offs_m = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
     io = offs_m.to(gl.int64)[None, :] * N + offs_n[:, None]
@@ -179,11 +181,14 @@ def w4a16_ws_kernel(q_desc, x_desc, s_ptr, b_ptr, r_ptr, out_ptr, acc_ptr, cnt_p
                 gl.store(cnt_ptr + pid, 0)
 
 
-# thread (warp w, lane 4g + t) holds rows 16w + g and 16w + g + 8, words 4t .. 4t + 3 (the words the wgmma register
-# operand of its rows needs: pack.py's operand order)
-WORDS_LAYOUT = gl.DistributedLinearLayout(
-    reg_bases=[[0, 1], [0, 2], [8, 0]], lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
-    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 16])
+def words_layout(BN):
+    """Thread (warp w, lane 4g + t) holds rows 16w + g and 16w + g + 8, words 4t .. 4t + 3 (the words the wgmma
+    register operand of its rows needs: pack.py's operand order); BN // 16 consumer warps."""
+    warps = [[16 << i, 0] for i in range((BN // 16).bit_length() - 1)]
+    return gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 2], [8, 0]],
+                                      lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
+                                      warp_bases=warps, block_bases=[], shape=[BN, 16])
+
 
 
 def layouts(BN, BM, BK):
@@ -192,21 +197,22 @@ def layouts(BN, BM, BK):
     return q_layout, x_layout
 
 
-def compile_sm90(stages=3, maxnreg=64, split=2, use_async=0, epilogue=0):
+def compile_sm90(stages=3, maxnreg=64, split=2, use_async=0, epilogue=0, consumer_warps=4):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
-    BN, BM, BK = 64, 32, 128
+    BN, BM, BK = 16 * consumer_warps, 32, 128
     q_layout, x_layout = layouts(BN, BM, BK)
     sig = {"q_desc": f"tensordesc<i32[{BN}, {BK // 8}],{q_layout!r}>",
            "x_desc": f"tensordesc<fp16[{BM}, {BK}],{x_layout!r}>",
            "s_ptr": "*fp16", "b_ptr": "*fp16", "r_ptr": "*fp16", "out_ptr": "*fp16", "acc_ptr": "*fp32",
            "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
     const = {"ACTIVATION": 1, "SPLIT_K": split, "BN": BN, "BM": BM, "BK": BK, "STAGES": stages,
-             "WORDS_LAYOUT": WORDS_LAYOUT, "ASYNC": use_async, "EPILOGUE": epilogue}
+             "WORDS_LAYOUT": words_layout(BN), "ASYNC": use_async, "EPILOGUE": epilogue}
     sig.update(dict.fromkeys(const, "constexpr"))
     aligned = {(i,): [["tt.divisibility", 16]] for i in (2, 3, 4, 5, 6, 7, 9, 10)}  # the pointers, N, K
     src = GluonASTSource(w4a16_ws_kernel, sig, const, aligned)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": maxnreg})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": consumer_warps, "maxnreg": maxnreg})
 
 
 def gpu_case(case_json, variants):
@@ -228,18 +234,25 @@ def gpu_case(case_json, variants):
     W = (codes.float() - 8) * t.scales.float().repeat_interleave(128, 0)
     ref = t.x.float() @ W
     del codes, W
-    BN, BM, BK = 64, 32, 128
-    words = pack.operand_blocks(t.qweight, BN).view(-1, BK // 8)
-    q_layout, x_layout = layouts(BN, BM, BK)
-    q_desc = TensorDescriptor.from_tensor(words, [BN, BK // 8], q_layout)
-    x_desc = TensorDescriptor.from_tensor(t.x, [BM, BK], x_layout)
+    BM, BK = 32, 128
+    descriptors = {}  # BN -> (the words repacked in blocks of BN columns, their descriptor, x's descriptor)
+
+    def descriptors_for(BN):
+        if BN not in descriptors:
+            words = pack.operand_blocks(t.qweight, BN).view(-1, BK // 8)
+            q_layout, x_layout = layouts(BN, BM, BK)
+            descriptors[BN] = (words, TensorDescriptor.from_tensor(words, [BN, BK // 8], q_layout),
+                               TensorDescriptor.from_tensor(t.x, [BM, BK], x_layout))
+        return descriptors[BN][1:]
     fn = fam.build(t.qweight, t.scales, t.bias, case.epilogue)
     base = triton.testing.do_bench(lambda: fn(t.x, t.residual), warmup=50, rep=300, return_mode="median")
     plan = fam.plan(M, K, N)
     print(f"{case.name}: family plan split {plan['SPLIT_K']}: {1e3 * base:.2f} us (do_bench median)", flush=True)
     full_ref = kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
     activation = {"silu": 0, "gelu_tanh": 1}[case.epilogue]
-    for stages, maxnreg, split_mult, use_async, epilogue in variants:
+    for stages, maxnreg, split_mult, use_async, epilogue, consumer_warps in variants:
+        BN = 16 * consumer_warps
+        q_desc, x_desc = descriptors_for(BN)
         split = max(1, min(K // BK, plan["SPLIT_K"] * split_mult))
         grid = (triton.cdiv(M, BM) * (N // BN), split)
         acc = torch.zeros((M, N), dtype=torch.float32, device="cuda")
@@ -249,8 +262,8 @@ def gpu_case(case_json, variants):
         def launch():
             w4a16_ws_kernel[grid](q_desc, x_desc, t.scales, t.bias, t.residual, out, acc, counters, M, N, K,
                                   ACTIVATION=activation, SPLIT_K=split, BN=BN, BM=BM, BK=BK, STAGES=stages,
-                                  WORDS_LAYOUT=WORDS_LAYOUT, ASYNC=use_async, EPILOGUE=epilogue, num_warps=4,
-                                  maxnreg=maxnreg)
+                                  WORDS_LAYOUT=words_layout(BN), ASYNC=use_async, EPILOGUE=epilogue,
+                                  num_warps=consumer_warps, maxnreg=maxnreg)
         def check():
             torch.cuda.synchronize()
             if not epilogue:
@@ -265,7 +278,8 @@ def gpu_case(case_json, variants):
             acc.zero_()
         ms = triton.testing.do_bench(launch, warmup=50, rep=300, return_mode="median")
         first += ", again after the timed calls: " + (check() if epilogue else "-")
-        print(f"  ws stages {stages} maxnreg {maxnreg} split {split} async {use_async} epilogue {epilogue}: "
+        print(f"  ws stages {stages} maxnreg {maxnreg} split {split} async {use_async} epilogue {epilogue} "
+              f"consumer warps {consumer_warps}: "
               f"{first}; {1e3 * ms:.2f} us ({base / ms:.2f}x the family's whole call)", flush=True)
 
 
@@ -308,10 +322,10 @@ def main():
         print(f"registers {registers(cubin)} (the kernel's cap; the partitions reallocate), shared "
               f"{kernel.metadata.shared} B, consumer loop {per_step:g} SASS instructions and {waits:g} wgmma waits "
               "per K step")
-    else:  # gpu: (stages, maxnreg, split-K multiple of the family's plan, ASYNC, EPILOGUE); ws-prototype-1.txt and
-        # -2.txt list the variants of their runs
-        gpu_case(sys.argv[2], [(3, 64, 1, 0, 0), (3, 64, 1, 0, 1), (3, 80, 1, 1, 1), (3, 80, 2, 1, 1),
-                               (4, 80, 2, 1, 1), (3, 96, 2, 1, 1)])
+    else:  # gpu: (stages, maxnreg, split-K multiple of the family's plan, ASYNC, EPILOGUE, consumer warps); the
+        # ws-prototype-N.txt files list the variants of their runs
+        gpu_case(sys.argv[2], [(3, 64, 1, 0, 1, 4), (3, 72, 1, 0, 1, 8), (4, 72, 1, 0, 1, 8), (3, 72, 2, 0, 1, 8),
+                               (4, 72, 2, 0, 1, 8), (3, 56, 1, 0, 1, 8)])
 
 
 if __name__ == "__main__":
