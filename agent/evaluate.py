@@ -169,8 +169,8 @@ class Evaluator:
         scored) and its ``stable`` cell says why. A host-bound case on which the candidate's GPU time is the best's
         (``best_check``, the best's selfcheck report: its plan there is as far from its host as the best's), or whose
         GPU time clears its host cost short of the ratio, does not block: the qualification, which times the
-        verifier's own schedule, decides it. Without CUDA nothing is
-        measured: the qualification never runs and the cell is "-".
+        verifier's own schedule, decides it. Without CUDA nothing is measured: the qualification never runs and the
+        cell is "-".
         """
         stages: list[Stage] = []
 

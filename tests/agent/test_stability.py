@@ -26,7 +26,8 @@ from tests.conftest import ROOT
 HOST_BOUND_NOTE = "host-bound: GPU 9.1 us per call is below 1.30 x the host cost 11.2 us"
 NEAR_NOTE = "near host-bound: GPU 13.0 us per call is only 1.16x the host cost 11.2 us (stable from 1.30x)"
 # A stand-in selfcheck: per-case speedups and a score from the solution's numbers.json ("versus_v0" or, with
-# --baseline, "versus_best"); the cases named in "host_bound" measured host-bound, the others stable, as on a GPU.
+# --baseline, "versus_best"); the cases named in "host_bound" measured host-bound (GPU time under the host cost), those
+# in "near_host_bound" near it (above the host cost, under the ratio), the others stable, as on a GPU.
 SELFCHECK = f"""
 import json, sys
 from pathlib import Path
