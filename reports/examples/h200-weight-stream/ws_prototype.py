@@ -16,7 +16,8 @@ the splits meeting in the kept fp32 accumulator and a counter per tile that the 
     python ws_prototype.py sm90 [STAGES MAXNREG SPLIT_K ASYNC EPILOGUE CONSUMER_WARPS]
                                           compile for sm90 on any machine: registers, shared, the consumer
                                           loop's instructions per step
-    python ws_prototype.py gpu CASE_JSON  on a CUDA GPU: the partials against fp32 x @ W, or the output as the
+    python ws_prototype.py gpu CASE_JSON [VARIANTS_JSON]
+                                          on a CUDA GPU: the partials against fp32 x @ W, or the output as the
                                           harness checks it; time against the family's whole call (do_bench medians)
 Run from the repository root (it loads methods/drafts/w4a16 and evals).
 """
@@ -253,6 +254,7 @@ def gpu_case(case_json, variants):
     for stages, maxnreg, split_mult, use_async, epilogue, consumer_warps in variants:
         BN = 16 * consumer_warps
         q_desc, x_desc = descriptors_for(BN)
+        layout = words_layout(BN)
         split = max(1, min(K // BK, plan["SPLIT_K"] * split_mult))
         grid = (triton.cdiv(M, BM) * (N // BN), split)
         acc = torch.zeros((M, N), dtype=torch.float32, device="cuda")
@@ -262,7 +264,7 @@ def gpu_case(case_json, variants):
         def launch():
             w4a16_ws_kernel[grid](q_desc, x_desc, t.scales, t.bias, t.residual, out, acc, counters, M, N, K,
                                   ACTIVATION=activation, SPLIT_K=split, BN=BN, BM=BM, BK=BK, STAGES=stages,
-                                  WORDS_LAYOUT=words_layout(BN), ASYNC=use_async, EPILOGUE=epilogue,
+                                  WORDS_LAYOUT=layout, ASYNC=use_async, EPILOGUE=epilogue,
                                   num_warps=consumer_warps, maxnreg=maxnreg)
         def check():
             torch.cuda.synchronize()
@@ -323,9 +325,11 @@ def main():
               f"{kernel.metadata.shared} B, consumer loop {per_step:g} SASS instructions and {waits:g} wgmma waits "
               "per K step")
     else:  # gpu: (stages, maxnreg, split-K multiple of the family's plan, ASYNC, EPILOGUE, consumer warps); the
-        # ws-prototype-N.txt files list the variants of their runs
-        gpu_case(sys.argv[2], [(3, 64, 1, 0, 1, 4), (3, 72, 1, 0, 1, 8), (4, 72, 1, 0, 1, 8), (3, 72, 2, 0, 1, 8),
-                               (4, 72, 2, 0, 1, 8), (3, 56, 1, 0, 1, 8)])
+        # ws-prototype-N.txt files list the variants of their runs; a JSON list of such tuples replaces them
+        import json
+        variants = [(3, 64, 1, 0, 1, 4), (3, 72, 1, 0, 1, 8), (4, 72, 1, 0, 1, 8), (3, 72, 2, 0, 1, 8),
+                    (4, 72, 2, 0, 1, 8), (3, 56, 1, 0, 1, 8)]
+        gpu_case(sys.argv[2], [tuple(v) for v in json.loads(sys.argv[3])] if len(sys.argv) > 3 else variants)
 
 
 if __name__ == "__main__":
