@@ -34,8 +34,8 @@ def _flagged(selfcheck: dict | None, reference: dict | None = None) -> tuple[lis
     - ``"as best"``: the case's GPU time per call is at least (1 - GPU_TOLERANCE) x ``reference``'s there (the best's
       own selfcheck): it does as much GPU work per call as the best's plan, which sits as near the ratio;
     - ``"near"``: its GPU time per call clears its host cost, short of the ratio only. The ratio leaves a margin for
-      a host cost measured once in the evaluator's process, which moves (10.3 and 15.0 us per call for one plan,
-      minutes apart on one H200); the qualification measures the groups' spread itself.
+      a host cost measured once in the evaluator's process, which moves (9.9 to 16.7 us per call for one plan,
+      seconds apart in one qualification run on an H200); the qualification measures the groups' spread itself.
 
     A case whose GPU time is below its host cost (host-bound outright), or that was not measured, blocks."""
     report = selfcheck or {}

@@ -53,6 +53,11 @@ def spin(device: torch.device, us: float) -> None:
     torch.cuda._sleep(max(1, int(us * cycles_per_us(device))))
 
 
+def round_inputs(inputs: list[tuple], first: int, calls: int) -> list[tuple]:
+    """The inputs of one probe round: ``calls`` of ``inputs`` in turn from position ``first`` (cycled)."""
+    return [inputs[i % len(inputs)] for i in range(first, first + calls)]
+
+
 def probe(fn, inputs: list[tuple], device: torch.device, calls: int = PROBE_CALLS,
           rounds: int = PROBE_ROUNDS) -> dict:
     """Host us per call and GPU us per call of ``fn``, measured together.
@@ -79,9 +84,10 @@ def probe(fn, inputs: list[tuple], device: torch.device, calls: int = PROBE_CALL
         began_spin.record()
         spin(device, spin_us)
         after_spin.record()
+        batch = round_inputs(inputs, issued - calls, calls)  # picked before the clock starts
         began = _perf_counter()
-        for i in range(issued - calls, issued):
-            fn(*inputs[i % len(inputs)])
+        for args in batch:
+            fn(*args)
         host = (_perf_counter() - began) * 1e6
         done.record()
         done.synchronize()

@@ -132,6 +132,16 @@ def test_the_selfcheck_probes_with_the_verifiers_input_pool():
 
     spec = gates.SCHEDULES["spec"]
     assert stability.PROBE_POOL == max(spec.input_pool, spec.calls_per_group)
+    # the probe's rounds (after its 3 warm-up calls) go on where the last stopped: the whole pool, no input twice in
+    # any PROBE_POOL calls in a row
+    pool = list(range(stability.PROBE_POOL))
+    calls, position, taken = stability.PROBE_CALLS, 3, []
+    for _ in range(stability.PROBE_ROUNDS):
+        taken += stability.round_inputs(pool, position, calls)
+        position += calls
+    assert len(taken) == calls * stability.PROBE_ROUNDS >= len(pool) and set(taken) == set(pool)
+    assert all(len(set(taken[i:i + len(pool)])) == len(pool) for i in range(len(taken) - len(pool) + 1))
+    assert stability.round_inputs(pool[:2], 5, 3) == [1, 0, 1]  # a pool smaller than a round cycles
 
 
 @pytest.mark.gpu

@@ -191,7 +191,6 @@ def words_layout(BN):
                                       warp_bases=warps, block_bases=[], shape=[BN, 16])
 
 
-
 def layouts(BN, BM, BK):
     q_layout = gl.NVMMASharedLayout.get_default_for([BN, BK // 8], gl.int32)
     x_layout = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.float16)
