@@ -1,7 +1,8 @@
 """Where the family's K step spends its time: the lean loop (DEQUANT 3, the family's split-K kernel) rewritten with
 knobs that take parts of a step away, timed against the family's own plan in one process.
 
-Variants, as JSON lists [STEP, CAP, STAGES, BLOCK_N, WARPS, SPLIT, ABLATION, DEQUANT] (SPLIT 0: the family's):
+Variants, as JSON lists [STEP, CAP, STAGES, BLOCK_N, WARPS, SPLIT, ABLATION, DEQUANT, SCALES_AHEAD] (SPLIT 0: the
+family's; SCALES_AHEAD may be left out, 0):
 - STEP 2 takes two quantization groups per loop iteration (half the loop's bookkeeping per weight byte), an odd
   last group after the loop. Correct output.
 - ABLATION 0: the step as the family runs it. 1: x's tile loaded once, before the loop (no x stream; wrong output).
@@ -9,6 +10,9 @@ Variants, as JSON lists [STEP, CAP, STAGES, BLOCK_N, WARPS, SPLIT, ABLATION, DEQ
   one bulk copy a step instead of four 16-byte copies per thread (correct output).
 - DEQUANT 3 is the family's one-shift dequant; 9 its four lop3 and one shift without the subtraction and the fma
   (5 instructions a word, not 9; wrong output); 1 the pure-Triton unpack (what the CPU interpreter runs).
+- SCALES_AHEAD (with STEP 1 and ABLATION 0): 0 loads each step's row of scales at that step, as the family does;
+  d in 1..4 loads it d steps ahead into registers (correct output); -1 uses the first group's row for every step
+  (no scale load in the loop; wrong output).
 - CAP is the register cap (0: the compiler's choice), WARPS the warps a program (8 with BLOCK_N 128: two warpgroups
   sharing each x tile).
 
@@ -68,7 +72,7 @@ def _tile(words, DEQUANT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.const
 
 @triton.jit
 def _partial(x_ptr, q_ptr, s_ptr, rows, mask_m, offs_n, pid_n, row0, g_start, g_end, N, K,
-             DEQUANT: tl.constexpr, STEP: tl.constexpr, ABLATION: tl.constexpr,
+             DEQUANT: tl.constexpr, STEP: tl.constexpr, ABLATION: tl.constexpr, SCALES_AHEAD: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """acc[n, m] over groups [g_start, g_end), one of the step shapes above."""
     WORDS: tl.constexpr = BLOCK_K // 8
@@ -103,13 +107,45 @@ def _partial(x_ptr, q_ptr, s_ptr, rows, mask_m, offs_n, pid_n, row0, g_start, g_
             acc += tl.dot(w, xt) * scale.to(tl.float32)[:, None]
     elif STEP == 1:
         xt_ptrs = x_ptr + rows[None, :] * K + (g_start * BLOCK_K + tl.arange(0, BLOCK_K))[:, None]
+        last = g_end - 1
+        # SCALES_AHEAD d > 0: each step's scale row loaded d steps before the step that uses it, held in registers
+        # (the last group's row stands in past the range); -1: the first group's row for every step (ablation)
+        if SCALES_AHEAD != 0:
+            s0 = tl.load(s_ptr + g_start * N + offs_n)
+        if SCALES_AHEAD >= 2:
+            s1 = tl.load(s_ptr + tl.minimum(g_start + 1, last) * N + offs_n)
+        if SCALES_AHEAD >= 3:
+            s2 = tl.load(s_ptr + tl.minimum(g_start + 2, last) * N + offs_n)
+        if SCALES_AHEAD >= 4:
+            s3 = tl.load(s_ptr + tl.minimum(g_start + 3, last) * N + offs_n)
         for g in range(g_start, g_end):
             xt = tl.load(xt_ptrs, mask=mask_m[None, :], other=0.0)
             xt_ptrs += BLOCK_K
             w = _tile(tl.load(q_ptrs), DEQUANT, BLOCK_N, BLOCK_K)
             q_ptrs += BLOCK
-            scale = tl.load(s_ptrs)
-            s_ptrs += N
+            if SCALES_AHEAD == 0:
+                scale = tl.load(s_ptrs)
+                s_ptrs += N
+            elif SCALES_AHEAD == -1:
+                scale = s0
+            elif SCALES_AHEAD == 1:
+                scale = s0
+                s0 = tl.load(s_ptr + tl.minimum(g + 1, last) * N + offs_n)
+            elif SCALES_AHEAD == 2:
+                scale = s0
+                s0 = s1
+                s1 = tl.load(s_ptr + tl.minimum(g + 2, last) * N + offs_n)
+            elif SCALES_AHEAD == 3:
+                scale = s0
+                s0 = s1
+                s1 = s2
+                s2 = tl.load(s_ptr + tl.minimum(g + 3, last) * N + offs_n)
+            else:
+                scale = s0
+                s0 = s1
+                s1 = s2
+                s2 = s3
+                s3 = tl.load(s_ptr + tl.minimum(g + 4, last) * N + offs_n)
             acc += tl.dot(w, xt) * scale.to(tl.float32)[:, None]
     else:  # two groups an iteration, then the odd last one
         xt_ptrs = x_ptr + rows[None, :] * K + (g_start * BLOCK_K + tl.arange(0, BLOCK_K))[:, None]
@@ -136,7 +172,8 @@ def _partial(x_ptr, q_ptr, s_ptr, rows, mask_m, offs_n, pid_n, row0, g_start, g_
 @triton.jit
 def step_kernel(x_ptr, q_ptr, s_ptr, b_ptr, r_ptr, out_ptr, acc_ptr, cnt_ptr, M, N, K,
                 ACTIVATION: tl.constexpr, SPLIT_K: tl.constexpr, DEQUANT: tl.constexpr, STEP: tl.constexpr,
-                ABLATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                ABLATION: tl.constexpr, SCALES_AHEAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr):
     """The family's split-K grid (M tiles fastest, then N tiles; the split on axis 1) and its way of meeting: every
     split adds into the kept accumulator and the last applies the epilogue (kernels._add_and_finish)."""
     groups = K // BLOCK_K
@@ -152,21 +189,21 @@ def step_kernel(x_ptr, q_ptr, s_ptr, b_ptr, r_ptr, out_ptr, acc_ptr, cnt_ptr, M,
     rows = offs_m.to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = _partial(x_ptr, q_ptr, s_ptr, rows, mask_m, offs_n, pid_n, pid_m * BLOCK_M, g_start, g_end, N, K,
-                   DEQUANT, STEP, ABLATION, BLOCK_M, BLOCK_N, BLOCK_K)
+                   DEQUANT, STEP, ABLATION, SCALES_AHEAD, BLOCK_M, BLOCK_N, BLOCK_K)
     io = rows[None, :] * N + offs_n[:, None]
     bias = tl.load(b_ptr + offs_n).to(tl.float32)[:, None]
     _add_and_finish(acc, bias, io, mask_m[None, :], r_ptr, out_ptr, acc_ptr, cnt_ptr + pid, 1, SPLIT_K, ACTIVATION)
 
 
 def _variant(values):
-    step, cap, stages, block_n, warps, split, ablation, dequant = values
+    step, cap, stages, block_n, warps, split, ablation, dequant, *ahead = values
     return {"step": step, "cap": cap, "stages": stages, "block_n": block_n, "warps": warps, "split": split,
-            "ablation": ablation, "dequant": dequant}
+            "ablation": ablation, "dequant": dequant, "scales_ahead": ahead[0] if ahead else 0}
 
 
 def _correct(v):
     """Whether a variant's output is meant to be right (the others take part of the work away)."""
-    return v["ablation"] in (0, 3) and v["dequant"] in (1, 2, 3)
+    return v["ablation"] in (0, 3) and v["dequant"] in (1, 2, 3) and v["scales_ahead"] >= 0
 
 
 def _options(v):
@@ -188,7 +225,8 @@ def sm90(variants):
         if v["ablation"] == 3:
             pointers["x_ptr"] = "tensordesc<fp16[32, 128]>"
         constants = {"ACTIVATION": 0, "SPLIT_K": v["split"] or 2, "DEQUANT": v["dequant"], "STEP": v["step"],
-                     "ABLATION": v["ablation"], "BLOCK_M": 32, "BLOCK_N": v["block_n"], "BLOCK_K": 128}
+                     "ABLATION": v["ablation"],
+                     "SCALES_AHEAD": v["scales_ahead"], "BLOCK_M": 32, "BLOCK_N": v["block_n"], "BLOCK_K": 128}
         source = ASTSource(fn=step_kernel, constexprs=constants,
                            signature=pointers | dict.fromkeys(constants, "constexpr"),
                            attrs={(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(pointers.items())
@@ -267,7 +305,8 @@ def run_case(case, variants, overrides, device):
         def launch():
             step_kernel[grid](x_arg, words[block_n], t.scales, t.bias, t.residual, out, acc, counters, M, N, K,
                               ACTIVATION=activation, SPLIT_K=split, DEQUANT=v["dequant"], STEP=v["step"],
-                              ABLATION=v["ablation"], BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, **_options(v))
+                              ABLATION=v["ablation"], SCALES_AHEAD=v["scales_ahead"], BLOCK_M=block_m,
+                              BLOCK_N=block_n, BLOCK_K=128, **_options(v))
         launch()
         sync()
         first = kh.check_output(out, ref, (M, N))
@@ -291,7 +330,8 @@ def main():
     if mode == "cpu":  # 5 groups over 2 and 3 splits: odd group counts, so STEP 2's last single group runs
         case = kh.Case("balanced", 5, 640, 256, "gelu_tanh", 3)
         variants = [[1, 0, 3, 64, 4, 2, 0, 1], [2, 0, 2, 64, 4, 2, 0, 1], [2, 0, 2, 64, 4, 3, 0, 1],
-                    [1, 0, 3, 64, 4, 3, 3, 1], [1, 0, 3, 128, 8, 2, 0, 1]]
+                    [1, 0, 3, 64, 4, 3, 3, 1], [1, 0, 3, 128, 8, 2, 0, 1]] \
+            + [[1, 0, 3, 64, 4, split, 0, 1, ahead] for split in (1, 2) for ahead in (1, 2, 3, 4)]
         run_case(case, variants, [], "cpu")
         return
     c = json.loads(sys.argv[2])
