@@ -15,12 +15,12 @@ How (kernels.py, pack.py, launch.py):
 - Build repacks the words once: one contiguous block per (N tile, group), each word's nibbles where the wgmma register
   operand holds them, so the dequantized tile stays in registers. An inline-PTX sequence dequantizes two codes per
   32-bit operation (DEQUANT 2); the CPU interpreter runs the pure-Triton equivalent (DEQUANT 1).
-- The K loop is bound by the latencies in its step, not by memory and not by its instruction count (Nsight Compute
-  on the H200: half of the issue slots busy with about 3.5 warps per scheduler, half of the DRAM bandwidth, no
-  dominant stall; taking x's stream or the dequant's arithmetic out of a step moved it by under 10% either way:
-  reports/examples/h200-weight-stream). The leaner loop (DEQUANT 3 under MAXNREG 96, five programs per SM instead of
-  four; plans predicted at LEAN_MIN_US or more run it) sped it up; earlier scale loads, the copy engine for the words
-  or for x, two groups a step, wider tiles and a register cap alone did not.
+- The K loop is not bound by DRAM bandwidth, nor, beyond DEQUANT 3, by its instruction count (Nsight Compute on the
+  H200: half of the issue slots busy with about 3.5 warps per scheduler, half of the DRAM bandwidth, no dominant
+  stall; taking x's stream or the dequant's arithmetic out of a step moved it under 10% either way, dropping the
+  per-step scale load 5-12%: reports/examples/h200-weight-stream). The leaner loop (DEQUANT 3 under MAXNREG 96,
+  five programs per SM instead of four; plans predicted at LEAN_MIN_US or more run it) sped it up; earlier scale
+  loads, the copy engine for the words or for x, two groups a step, wider tiles and a register cap alone did not.
 - Split-K for small N: the splits add their fp32 partials into a kept (M, N) accumulator and count themselves in per
   tile; the last one applies the epilogue and leaves accumulator and counter at zero. One launch per call.
 - The host path: per M the plan and a launcher of the compiled kernel are made once; a call checks its arguments with

@@ -40,6 +40,8 @@ def main():
     for programs, warps, unroll in [(896, 4, 1), (896, 4, 2), (896, 4, 4), (896, 4, 8), (1792, 4, 4), (3584, 4, 4),
                                     (7168, 4, 2), (896, 8, 4), (448, 4, 8), (14336, 4, 2)]:
         per = blocks // programs
+        if per * programs != blocks or per % unroll:  # every block read once, whole iterations only
+            raise SystemExit(f"{programs} programs x {unroll} blocks an iteration do not divide {blocks} blocks")
         out = torch.empty(programs * BLOCK, dtype=torch.int32, device="cuda")
         us = bench(lambda: read_blocks[(programs,)](words, out, per, BLOCK=BLOCK, UNROLL=unroll, num_warps=warps))
         print(f"read_blocks: {programs} programs of {warps} warps, {per} blocks each, {unroll} an iteration: "

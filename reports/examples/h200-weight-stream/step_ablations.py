@@ -16,10 +16,14 @@ family's; SCALES_AHEAD may be left out, 0):
 - CAP is the register cap (0: the compiler's choice), WARPS the warps a program (8 with BLOCK_N 128: two warpgroups
   sharing each x tile).
 
-    python step_ablations.py sm90 VARIANTS_JSON         compile for sm90 on any machine: registers, shared, SASS
-                                                        instructions per K step of the loop
+    python step_ablations.py sm90 VARIANTS_JSON [OVERRIDES_JSON]
+                                                        compile for sm90 on any machine (24x8192x28672's shapes):
+                                                        registers, shared, SASS instructions per K step of the
+                                                        loop; of each variant, then of the family's kernel under
+                                                        each plan override
     python step_ablations.py cpu                        the correct variants against the harness's reference, on
-                                                        a small case under TRITON_INTERPRET=1 (DEQUANT 1)
+                                                        a small case under Triton's interpreter (DEQUANT 1; the
+                                                        mode sets TRITON_INTERPRET=1 itself)
     python step_ablations.py gpu CASE_JSON VARIANTS_JSON [OVERRIDES_JSON]
                                                         on a CUDA GPU: each variant (and each family plan override)
                                                         checked where its output is meant to be right, and timed
@@ -32,7 +36,11 @@ import os
 import re
 import sys
 
+if sys.argv[1:2] == ["cpu"]:
+    os.environ["TRITON_INTERPRET"] = "1"  # read when triton is imported
 sys.path.insert(0, os.getcwd())
+
+from pathlib import Path  # noqa: E402
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -196,9 +204,21 @@ def step_kernel(x_ptr, q_ptr, s_ptr, b_ptr, r_ptr, out_ptr, acc_ptr, cnt_ptr, M,
 
 
 def _variant(values):
+    """A variant's list as a dict, refusing combinations the kernel would run as some other variant."""
+    if len(values) not in (8, 9):
+        raise SystemExit(f"{values}: a variant is [STEP, CAP, STAGES, BLOCK_N, WARPS, SPLIT, ABLATION, DEQUANT] and "
+                         "an optional SCALES_AHEAD")
     step, cap, stages, block_n, warps, split, ablation, dequant, *ahead = values
-    return {"step": step, "cap": cap, "stages": stages, "block_n": block_n, "warps": warps, "split": split,
-            "ablation": ablation, "dequant": dequant, "scales_ahead": ahead[0] if ahead else 0}
+    v = {"step": step, "cap": cap, "stages": stages, "block_n": block_n, "warps": warps, "split": split,
+         "ablation": ablation, "dequant": dequant, "scales_ahead": ahead[0] if ahead else 0}
+    if step not in (1, 2) or ablation not in (0, 1, 2, 3) or dequant not in (1, 2, 3, 9) \
+            or v["scales_ahead"] not in (-1, 0, 1, 2, 3, 4):
+        raise SystemExit(f"{values}: STEP is 1 or 2, ABLATION 0-3, DEQUANT 1, 2, 3 or 9, SCALES_AHEAD -1 to 4")
+    if step == 2 and ablation:
+        raise SystemExit(f"{values}: the ablations take one group a step (STEP 1)")
+    if v["scales_ahead"] and (step != 1 or ablation):
+        raise SystemExit(f"{values}: SCALES_AHEAD applies to STEP 1 without an ablation")
+    return v
 
 
 def _correct(v):
@@ -213,45 +233,65 @@ def _options(v):
     return options
 
 
-def sm90(variants):
-    """Compile each variant for sm90 (24x8192x28672's shapes, 2 splits): registers, shared, loop SASS per K step."""
+def _per_step(cubin):
+    """(fewest SASS instructions per K step over the loops that hold whole steps (8 HGMMAs each) or None,
+    local-memory instructions in the kernel)."""
     sys.path.insert(0, os.path.join(os.getcwd(), "tests", "methods"))
-    from hopper_compile import POINTERS, _cubin_tool, registers
+    from hopper_compile import _cubin_tool
+    sass = _cubin_tool("nvdisasm", ["-c"], cubin).splitlines()
+    is_instruction = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+\S")
+    labels = {m.group(1): i for i, line in enumerate(sass) if (m := re.match(r"^(\.L_x_\d+):", line))}
+    per_step = []  # every backward branch over HGMMAs
+    for i, line in enumerate(sass):
+        branch = re.search(r"BRA `\((\.L_x_\d+)\)", line)
+        if branch and labels.get(branch.group(1), i) < i:
+            body = [b for b in sass[labels[branch.group(1)]:i + 1] if is_instruction.match(b)]
+            steps = sum("HGMMA" in b for b in body) // 8
+            if steps:
+                per_step.append(len(body) / steps)
+    return (min(per_step) if per_step else None), sum(1 for line in sass if re.search(r"\b(LDL|STL)\b", line))
+
+
+def sm90(variants, overrides=()):
+    """Compile each variant (2 splits where SPLIT is 0), then the family's kernel under each plan override, for sm90
+    on 24x8192x28672's shapes: registers, shared, loop SASS per K step."""
+    sys.path.insert(0, os.path.join(os.getcwd(), "tests", "methods"))
+    from hopper_compile import POINTERS, kernel_plan, registers
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from evals import kernel_harness as kh
+    from evals.loader import load_solution
+
+    def compile_sm90(fn, pointers, constants, options):
+        source = ASTSource(fn=fn, constexprs=constants, signature=pointers | dict.fromkeys(constants, "constexpr"),
+                           attrs={(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(pointers.items())
+                                  if name != "M" and not kind.startswith("tensordesc")})
+        kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+        per_step, local = _per_step(kernel.asm["cubin"])
+        return (f"registers {registers(kernel.asm['cubin'])}, shared {kernel.metadata.shared} B, SASS per K step "
+                f"{per_step if per_step is not None else '-'}, local-memory instructions {local}")
     for values in variants:
         v = _variant(values)
         pointers = dict(POINTERS)
         if v["ablation"] == 3:
             pointers["x_ptr"] = "tensordesc<fp16[32, 128]>"
         constants = {"ACTIVATION": 0, "SPLIT_K": v["split"] or 2, "DEQUANT": v["dequant"], "STEP": v["step"],
-                     "ABLATION": v["ablation"],
-                     "SCALES_AHEAD": v["scales_ahead"], "BLOCK_M": 32, "BLOCK_N": v["block_n"], "BLOCK_K": 128}
-        source = ASTSource(fn=step_kernel, constexprs=constants,
-                           signature=pointers | dict.fromkeys(constants, "constexpr"),
-                           attrs={(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(pointers.items())
-                                  if name != "M" and not kind.startswith("tensordesc")})
-        kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=_options(v))
-        sass = _cubin_tool("nvdisasm", ["-c"], kernel.asm["cubin"]).splitlines()
-        is_instruction = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+\S")
-        labels = {m.group(1): i for i, line in enumerate(sass) if (m := re.match(r"^(\.L_x_\d+):", line))}
-        per_step = []  # every backward branch over HGMMAs: SASS instructions per K step (8 HGMMAs a step)
-        for i, line in enumerate(sass):
-            branch = re.search(r"BRA `\((\.L_x_\d+)\)", line)
-            if branch and labels.get(branch.group(1), i) < i:
-                body = [b for b in sass[labels[branch.group(1)]:i + 1] if is_instruction.match(b)]
-                steps = sum("HGMMA" in b for b in body) // 8
-                if steps:
-                    per_step.append(len(body) / steps)
-        local = sum(1 for line in sass if re.search(r"\b(LDL|STL)\b", line))
-        print(f"{json.dumps(values)}: registers {registers(kernel.asm['cubin'])}, shared {kernel.metadata.shared} B, "
-              f"SASS per K step {min(per_step) if per_step else '-'}, local-memory instructions {local}", flush=True)
+                     "ABLATION": v["ablation"], "SCALES_AHEAD": v["scales_ahead"], "BLOCK_M": 32,
+                     "BLOCK_N": v["block_n"], "BLOCK_K": 128}
+        print(f"{json.dumps(values)}: {compile_sm90(step_kernel, pointers, constants, _options(v))}", flush=True)
+    if overrides:
+        family = load_solution(Path("methods/drafts/w4a16"))
+        kernels = sys.modules[family.__name__.rpartition(".")[0] + ".kernels"]
+        case = kh.Case("balanced", 24, 8192, 28672, "gelu_tanh", 0)
+    for override in overrides:
+        name, constants, options, _ = kernel_plan(family, case, override)
+        print(f"family {json.dumps(override)} ({name}): "
+              f"{compile_sm90(getattr(kernels, name), dict(POINTERS), constants, options)}", flush=True)
 
 
 def run_case(case, variants, overrides, device):
     """Check and time each variant and override on one case (on the CPU: check only, DEQUANT 1)."""
     import torch
-    from pathlib import Path
     from evals import kernel_harness as kh
     from evals.loader import load_solution
     family = load_solution(Path("methods/drafts/w4a16"))
@@ -293,6 +333,8 @@ def run_case(case, variants, overrides, device):
         if block_n not in words:
             words[block_n] = pack.operand_blocks(t.qweight, block_n).contiguous()
         split = v["split"] or plan["SPLIT_K"]
+        if split > K // 128:
+            raise SystemExit(f"{values}: {split} splits of {K // 128} groups leave a split without a group")
         grid = (triton.cdiv(M, block_m) * (N // block_n), split)
         acc = torch.zeros((M, N), dtype=torch.float32, device=device)
         counters = torch.zeros(grid[0], dtype=torch.int32, device=device)
@@ -324,7 +366,7 @@ def run_case(case, variants, overrides, device):
 def main():
     mode = sys.argv[1]
     if mode == "sm90":
-        sm90(json.loads(sys.argv[2]))
+        sm90(json.loads(sys.argv[2]), json.loads(sys.argv[3]) if len(sys.argv) > 3 else [])
         return
     from evals import kernel_harness as kh
     if mode == "cpu":  # 5 groups over 2 and 3 splits: odd group counts, so STEP 2's last single group runs
