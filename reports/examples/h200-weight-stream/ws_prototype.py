@@ -12,8 +12,10 @@ that, or with the wgmma in flight across the loop's back edge, it serializes eve
 The consumer is the default partition: after the join its warps hold the partial. EPILOGUE 0 adds it into an fp32
 (M, N) buffer with relaxed atomics; EPILOGUE 1 is the family's: bias, activation and residual into an fp16 output,
 the splits meeting in the kept fp32 accumulator and a counter per tile that the last split leaves at zero.
+SCALES 0 has the consumer load each step's row of scales itself, a plain load at the step; SCALES 1 (with ASYNC 0)
+has the producer copy the row into the ring with the step's words and x tile, so no load waits in the consumer.
 
-    python ws_prototype.py sm90 [STAGES MAXNREG SPLIT_K ASYNC EPILOGUE CONSUMER_WARPS]
+    python ws_prototype.py sm90 [STAGES MAXNREG SPLIT_K ASYNC EPILOGUE CONSUMER_WARPS SCALES]
                                           compile for sm90 on any machine: registers, shared, the consumer
                                           loop's instructions per step
     python ws_prototype.py gpu CASE_JSON [VARIANTS_JSON]
@@ -37,15 +39,20 @@ DEQUANT_PTX_ONE_SHIFT = gl.constexpr(_FAMILY_PTX.value)
 
 
 @gluon.jit
-def _producer(q_desc, x_desc, w_bufs, x_bufs, ready, empty, q_row0, x_row0, k0, n_steps,
-              BN: gl.constexpr, BK: gl.constexpr):
+def _producer(q_desc, x_desc, s_desc, w_bufs, x_bufs, s_bufs, ready, empty, q_row0, x_row0, k0, g0, n0, n_steps,
+              BN: gl.constexpr, BK: gl.constexpr, SCALES: gl.constexpr):
     STAGES: gl.constexpr = w_bufs.type.shape[0]
     for i in range(n_steps):
         s = i % STAGES
         phase = (i // STAGES) & 1
         mbarrier.wait(empty.index(s), phase ^ 1)
         fence_async_shared()
-        mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + x_desc.block_type.nbytes)
+        if SCALES:  # the step's row of scales rides the ring with its words and x tile
+            mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + x_desc.block_type.nbytes
+                            + s_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(s_desc, [g0 + i, n0], ready.index(s), s_bufs.index(s))
+        else:
+            mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + x_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [q_row0 + i * BN, 0], ready.index(s), w_bufs.index(s))
         tma.async_copy_global_to_shared(x_desc, [x_row0, k0 + i * BK], ready.index(s), x_bufs.index(s))
 
@@ -62,16 +69,20 @@ def _dequant_tile(words, BN: gl.constexpr, BK: gl.constexpr, dot_a: gl.constexpr
 
 
 @gluon.jit
-def _consumer(w_bufs, x_bufs, ready, empty, s_ptr, N, g0, n_steps, pid_n,
+def _consumer(w_bufs, x_bufs, s_bufs, ready, empty, s_ptr, N, g0, n_steps, pid_n,
               BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr, WORDS_LAYOUT: gl.constexpr,
-              ASYNC: gl.constexpr):
+              ASYNC: gl.constexpr, SCALES: gl.constexpr):
     STAGES: gl.constexpr = w_bufs.type.shape[0]
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[BN // 16, 1], instr_shape=[16, BM, 16])
     dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     offs_n = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
     acc = gl.zeros([BN, BM], gl.float32, mma)
     zero = gl.zeros([BN, BM], gl.float32, mma)
-    s_ptrs = s_ptr + g0 * N + offs_n
+    if SCALES == 0:
+        s_ptrs = s_ptr + g0 * N + offs_n
+    # a [1, BN] row of scales out of the ring: one element a thread, the rows' warps side by side
+    row: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[1, 32],
+                                         warps_per_cta=[1, BN // 16], order=[1, 0])
     if ASYNC:
         # two steps per iteration: step 2j's MMA runs while step 2j + 1 is dequantized; an odd last step follows
         for j in range(n_steps // 2):
@@ -106,9 +117,12 @@ def _consumer(w_bufs, x_bufs, ready, empty, s_ptr, N, g0, n_steps, pid_n,
         for i in range(n_steps):
             s = i % STAGES
             phase = (i // STAGES) & 1
-            scale = gl.load(s_ptrs)
-            s_ptrs += N
+            if SCALES == 0:
+                scale = gl.load(s_ptrs)
+                s_ptrs += N
             mbarrier.wait(ready.index(s), phase)
+            if SCALES:
+                scale = gl.convert_layout(gl.reshape(s_bufs.index(s).load(row), [BN]), gl.SliceLayout(1, mma))
             w = _dequant_tile(w_bufs.index(s).load(WORDS_LAYOUT), BN, BK, dot_a)
             part = warpgroup_mma(w, x_bufs.index(s).permute((1, 0)), zero, use_acc=False)
             mbarrier.arrive(empty.index(s), count=1)
@@ -132,9 +146,13 @@ def _finish(z, r_ptr, out_ptr, io, mask, ACTIVATION: gl.constexpr):
 def w4a16_ws_kernel(q_desc, x_desc, s_ptr, b_ptr, r_ptr, out_ptr, acc_ptr, cnt_ptr, M, N, K,
                     ACTIVATION: gl.constexpr, SPLIT_K: gl.constexpr,
                     BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-                    WORDS_LAYOUT: gl.constexpr, ASYNC: gl.constexpr = 0, EPILOGUE: gl.constexpr = 0):
+                    WORDS_LAYOUT: gl.constexpr, ASYNC: gl.constexpr = 0, EPILOGUE: gl.constexpr = 0,
+                    SCALES: gl.constexpr = 0):
+    """SCALES 0: the consumer loads each step's row of scales from s_ptr itself, at the step; 1: s_ptr is the scales'
+    tensor descriptor ([1, BN] blocks) and the producer copies the row into the ring with the step's words."""
     # ASYNC holds two stages at once: with one the consumer would wait for a stage it has not released
     gl.static_assert(ASYNC == 0 or STAGES >= 2, "ASYNC 1 needs STAGES >= 2")
+    gl.static_assert(ASYNC == 0 or SCALES == 0, "SCALES 1 is written for the synchronous loop")
     pid = gl.program_id(0)
     m_tiles = gl.cdiv(M, BM)
     pid_m = pid % m_tiles
@@ -146,6 +164,10 @@ def w4a16_ws_kernel(q_desc, x_desc, s_ptr, b_ptr, r_ptr, out_ptr, acc_ptr, cnt_p
     n_steps = g_end - g_start
     w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES, BN, BK // 8], q_desc.layout)
     x_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BM, BK], x_desc.layout)
+    if SCALES:
+        s_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, 1, BN], s_ptr.layout)
+    else:
+        s_bufs = x_bufs  # not read
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -153,9 +175,10 @@ def w4a16_ws_kernel(q_desc, x_desc, s_ptr, b_ptr, r_ptr, out_ptr, acc_ptr, cnt_p
         mbarrier.init(empty.index(i), count=1)
     q_row0 = (pid_n * groups + g_start) * BN
     (acc,) = gl.warp_specialize([
-        (_consumer, (w_bufs, x_bufs, ready, empty, s_ptr, N, g_start, n_steps, pid_n, BN, BM, BK, WORDS_LAYOUT,
-                     ASYNC)),
-        (_producer, (q_desc, x_desc, w_bufs, x_bufs, ready, empty, q_row0, pid_m * BM, g_start * BK, n_steps, BN, BK)),
+        (_consumer, (w_bufs, x_bufs, s_bufs, ready, empty, s_ptr, N, g_start, n_steps, pid_n, BN, BM, BK,
+                     WORDS_LAYOUT, ASYNC, SCALES)),
+        (_producer, (q_desc, x_desc, s_ptr, w_bufs, x_bufs, s_bufs, ready, empty, q_row0, pid_m * BM, g_start * BK,
+                     g_start, pid_n * BN, n_steps, BN, BK, SCALES)),
     ], [1], [24])
     # after the join, in the consumer's warps (the default partition; the producer's warps idle): the output's
     # element (m, n) is acc[n, m]
@@ -197,19 +220,26 @@ def layouts(BN, BM, BK):
     return q_layout, x_layout
 
 
-def compile_sm90(stages=3, maxnreg=64, split=2, use_async=0, epilogue=0, consumer_warps=4):
+def scales_layout(BN):
+    """The shared layout of a [1, BN] row of scales (SCALES 1)."""
+    return gl.NVMMASharedLayout.get_default_for([1, BN], gl.float16)
+
+
+def compile_sm90(stages=3, maxnreg=64, split=2, use_async=0, epilogue=0, consumer_warps=4, scales=0):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     BN, BM, BK = 16 * consumer_warps, 32, 128
     q_layout, x_layout = layouts(BN, BM, BK)
     sig = {"q_desc": f"tensordesc<i32[{BN}, {BK // 8}],{q_layout!r}>",
            "x_desc": f"tensordesc<fp16[{BM}, {BK}],{x_layout!r}>",
-           "s_ptr": "*fp16", "b_ptr": "*fp16", "r_ptr": "*fp16", "out_ptr": "*fp16", "acc_ptr": "*fp32",
+           "s_ptr": f"tensordesc<fp16[1, {BN}],{scales_layout(BN)!r}>" if scales else "*fp16",
+           "b_ptr": "*fp16", "r_ptr": "*fp16", "out_ptr": "*fp16", "acc_ptr": "*fp32",
            "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
     const = {"ACTIVATION": 1, "SPLIT_K": split, "BN": BN, "BM": BM, "BK": BK, "STAGES": stages,
-             "WORDS_LAYOUT": words_layout(BN), "ASYNC": use_async, "EPILOGUE": epilogue}
+             "WORDS_LAYOUT": words_layout(BN), "ASYNC": use_async, "EPILOGUE": epilogue, "SCALES": scales}
     sig.update(dict.fromkeys(const, "constexpr"))
-    aligned = {(i,): [["tt.divisibility", 16]] for i in (2, 3, 4, 5, 6, 7, 9, 10)}  # the pointers, N, K
+    # the pointers, N, K
+    aligned = {(i,): [["tt.divisibility", 16]] for i in (3, 4, 5, 6, 7, 9, 10) + (() if scales else (2,))}
     src = GluonASTSource(w4a16_ws_kernel, sig, const, aligned)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": consumer_warps, "maxnreg": maxnreg})
@@ -250,9 +280,11 @@ def gpu_case(case_json, variants):
     print(f"{case.name}: family plan split {plan['SPLIT_K']}: {1e3 * base:.2f} us (do_bench median)", flush=True)
     full_ref = kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
     activation = {"silu": 0, "gelu_tanh": 1}[case.epilogue]
-    for stages, maxnreg, split_mult, use_async, epilogue, consumer_warps in variants:
+    for stages, maxnreg, split_mult, use_async, epilogue, consumer_warps, *scales in variants:
+        scales = scales[0] if scales else 0
         BN = 16 * consumer_warps
         q_desc, x_desc = descriptors_for(BN)
+        s_arg = TensorDescriptor.from_tensor(t.scales, [1, BN], scales_layout(BN)) if scales else t.scales
         layout = words_layout(BN)
         split = max(1, min(K // BK, plan["SPLIT_K"] * split_mult))
         grid = (triton.cdiv(M, BM) * (N // BN), split)
@@ -261,9 +293,9 @@ def gpu_case(case_json, variants):
         out = torch.empty((M, N), dtype=torch.float16, device="cuda")
 
         def launch():
-            w4a16_ws_kernel[grid](q_desc, x_desc, t.scales, t.bias, t.residual, out, acc, counters, M, N, K,
+            w4a16_ws_kernel[grid](q_desc, x_desc, s_arg, t.bias, t.residual, out, acc, counters, M, N, K,
                                   ACTIVATION=activation, SPLIT_K=split, BN=BN, BM=BM, BK=BK, STAGES=stages,
-                                  WORDS_LAYOUT=layout, ASYNC=use_async, EPILOGUE=epilogue,
+                                  WORDS_LAYOUT=layout, ASYNC=use_async, EPILOGUE=epilogue, SCALES=scales,
                                   num_warps=consumer_warps, maxnreg=maxnreg)
         def check():
             torch.cuda.synchronize()
@@ -280,7 +312,7 @@ def gpu_case(case_json, variants):
         ms = triton.testing.do_bench(launch, warmup=50, rep=300, return_mode="median")
         first += ", again after the timed calls: " + (check() if epilogue else "-")
         print(f"  ws stages {stages} maxnreg {maxnreg} split {split} async {use_async} epilogue {epilogue} "
-              f"consumer warps {consumer_warps}: "
+              f"consumer warps {consumer_warps} scales {scales}: "
               f"{first}; {1e3 * ms:.2f} us ({base / ms:.2f}x the family's whole call)", flush=True)
 
 
@@ -323,8 +355,9 @@ def main():
         print(f"registers {registers(cubin)} (the kernel's cap; the partitions reallocate), shared "
               f"{kernel.metadata.shared} B, consumer loop {per_step:g} SASS instructions and {waits:g} wgmma waits "
               "per K step")
-    else:  # gpu: (stages, maxnreg, split-K multiple of the family's plan, ASYNC, EPILOGUE, consumer warps); the
-        # ws-prototype-N.txt files list the variants of their runs; a JSON list of such tuples replaces them
+    else:  # gpu: (stages, maxnreg, split-K multiple of the family's plan, ASYNC, EPILOGUE, consumer warps[,
+        # SCALES]); the ws-prototype-N.txt files list the variants of their runs; a JSON list of such tuples
+        # replaces them
         import json
         variants = [(3, 64, 1, 0, 1, 4), (3, 72, 1, 0, 1, 8), (4, 72, 1, 0, 1, 8), (3, 72, 2, 0, 1, 8),
                     (4, 72, 2, 0, 1, 8), (3, 56, 1, 0, 1, 8)]
