@@ -1,7 +1,10 @@
 """Compile the W4A16 family's kernels for sm90 (no GPU needed) for every plan the visible panel gets, the inline-PTX
 dequants on one case, and the stream-K kernel (GRID 1) for each visible case; print one JSON record per kernel.
+With --ws: the warp-specialized kernel (ws.py) for the visible plans that WS_MIN_US 30 gives it, and 128 columns a
+program on the first of them.
 
-Usage: python tests/methods/hopper_compile.py SOLUTION_DIR   (without TRITON_INTERPRET: the interpreter never compiles)
+Usage: python tests/methods/hopper_compile.py SOLUTION_DIR [--ws]   (without TRITON_INTERPRET: the interpreter never
+compiles)
 """
 import importlib
 import json
@@ -98,6 +101,68 @@ def compile_sm90(kernel_fn, pointers: dict, constants: dict, options: dict, scal
                                  else "ldmatrix" in body), **options}
 
 
+def consumer_loop(sass: str) -> tuple[float, float]:
+    """(SASS instructions, wgmma waits) per K step of the loop holding whole steps (8 HGMMAs each) that issues the
+    fewest instructions per step: a warp-specialized kernel's consumer."""
+    code, labels, pending = [], {}, []
+    for line in sass.splitlines():
+        label = re.match(r"^(\.L_x_\d+):", line)
+        instruction = re.match(r"^\s+/\*([0-9a-f]+)\*/\s+(\S.*)", line)
+        if label:
+            pending.append(label.group(1))
+        elif instruction:
+            code.append((int(instruction.group(1), 16), instruction.group(2)))
+            labels.update(dict.fromkeys(pending, code[-1][0]))
+            pending = []
+    best = None
+    for address, text in code:
+        branch = re.search(r"BRA\s+`\((\.L_x_\d+)\)", text)
+        if branch and labels.get(branch.group(1), address) < address:
+            body = [t for a, t in code if labels[branch.group(1)] <= a <= address]
+            steps = sum("HGMMA" in t for t in body) // 8
+            if steps and (best is None or len(body) / steps < len(best[0]) / best[1]):
+                best = (body, steps)
+    if best is None:
+        return 0.0, 0.0
+    body, steps = best
+    return len(body) / steps, sum("WARPGROUP.DEPBAR" in t for t in body) / steps
+
+
+def compile_ws(module, case, overrides) -> dict:
+    """The warp-specialized kernel of one plan, compiled for sm90 as the family's host path would launch it."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+    ws = importlib.import_module(module.__name__.rpartition(".")[0] + ".ws")
+    cfg = module.plan(case.m, case.k, case.n, overrides)
+    assert cfg["WS"], (case.name, overrides)
+    bm, bn, bk = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
+    q_layout, x_layout, s_layout = ws.shared_layouts(bm, bn, bk)
+    signature = {"q_desc": f"tensordesc<i32[{bn}, {bk // 8}],{q_layout!r}>",
+                 "x_desc": f"tensordesc<fp16[{bm}, {bk}],{x_layout!r}>",
+                 "s_desc": f"tensordesc<fp16[1, {bn}],{s_layout!r}>", "b_ptr": "*fp16", "r_ptr": "*fp16",
+                 "out_ptr": "*fp16", "acc_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
+    constants = {"ACTIVATION": 0, "SPLIT_K": cfg["SPLIT_K"], "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                 "STAGES": cfg["WS_STAGES"], "WORDS_LAYOUT": ws.words_layout(bn)}
+    signature.update(dict.fromkeys(constants, "constexpr"))
+    aligned = {(i,): [["tt.divisibility", 16]] for i in (3, 4, 5, 6, 7, 9, 10)}  # the pointers, N and K
+    options = {"num_warps": bn // 16}
+    if cfg["WS_MAXNREG"]:
+        options["maxnreg"] = cfg["WS_MAXNREG"]
+    kernel = triton.compile(GluonASTSource(ws.w4a16_ws_kernel, signature, constants, aligned),
+                            target=GPUTarget("cuda", 90, 32), options=options)
+    sass = _cubin_tool("nvdisasm", ["-c"], kernel.asm["cubin"])
+    per_step, waits = consumer_loop(sass)
+    ptx = kernel.asm["ptx"]
+    reads = ptx.rfind("ld.volatile.global")  # the last split's reads of the sums, then their zeroing (compile_sm90)
+    zeroing = re.search(r"st\.global(?:\.v\d)?\.b32 \[[^\]]*\], \{ (%r\d+)(?:, \1)* \}", ptx[reads:]) \
+        if reads >= 0 else None
+    return {"case": case.name, "kernel": "w4a16_ws_kernel", "split_k": cfg["SPLIT_K"], "block_n": bn,
+            "stages": cfg["WS_STAGES"], "maxnreg": cfg["WS_MAXNREG"], "shared": kernel.metadata.shared,
+            "registers": registers(kernel.asm["cubin"]), "loop_sass": per_step, "wgmma_waits": waits,
+            "local_memory": len(re.findall(r"\b(?:LDL|STL)\b", sass)), "tma": "cp.async.bulk.tensor" in ptx,
+            "f16x2_dequant": "fma.rn.f16x2" in ptx,
+            "barrier_after_reads": bool(zeroing) and "bar.sync" in ptx[reads:reads + zeroing.start()]}
+
+
 def kernel_plan(module, case, overrides=None) -> tuple[str, dict, dict, dict]:
     """(kernel name, constexpr values, compile options, the plan) of one case, as the family's host path launches it."""
     cfg = module.plan(case.m, case.k, case.n, overrides)
@@ -150,5 +215,16 @@ def main(solution: str) -> None:
     print(json.dumps(records))
 
 
+def main_ws(solution: str) -> None:
+    module = load_solution(Path(solution))
+    cases = [case for case in kh.load_panel("visible") if module.plan(case.m, case.k, case.n, {"WS_MIN_US": 30})["WS"]]
+    jobs = [(case, {"WS_MIN_US": 30}) for case in cases]
+    jobs += [(cases[0], {"WS_MIN_US": 30, "BLOCK_SIZE_N": 128, "WS_MAXNREG": 72})]  # two consumer warpgroups
+    print(json.dumps([compile_ws(module, case, overrides) for case, overrides in jobs]))
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[2:] == ["--ws"]:
+        main_ws(sys.argv[1])
+    else:
+        main(sys.argv[1])

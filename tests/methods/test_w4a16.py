@@ -78,7 +78,12 @@ def test_forced_split_k(m, k, n, ep, split_k, mode):
     {"SCALE_LOAD": 1}, {"SCALE_LOAD": 1, "SPLIT_K": 3}, {"SCALE_LOAD": 1, "GRID": 1, "MIN_PROGRAMS": 9},
     {"SCALE_LOAD": 2}, {"SCALE_LOAD": 2, "SCALE_AFTER_DOT": 0, "SPLIT_K": 2, "BLOCK_SIZE_N": 128},
     {"WEIGHT_TMA": 1}, {"WEIGHT_TMA": 1, "SPLIT_K": 3, "LAUNCH": 2}, {"WEIGHT_TMA": 1, "GRID": 1, "MIN_PROGRAMS": 7},
-    {"MAXNREG": 96, "DEQUANT": 3}])
+    {"MAXNREG": 96, "DEQUANT": 3},
+    # the warp-specialized loop (compiled CUDA only; the interpreter runs the split-K kernel with the same split):
+    # split or not, two consumer warpgroups, 16-row tiles
+    {"WS_MIN_US": 1}, {"WS_MIN_US": 1, "SPLIT_K": 3}, {"WS_MIN_US": 1, "SPLIT_K": 1},
+    {"WS_MIN_US": 1, "BLOCK_SIZE_N": 128, "SPLIT_K": 2, "WS_MAXNREG": 72},
+    {"WS_MIN_US": 1, "BLOCK_SIZE_M": 16, "SPLIT_K": 2, "WS_STAGES": 2}])
 @pytest.mark.parametrize("mode", kh.MODES)
 def test_variants(variant, mode):
     _check(kh.Case("variant", 19, 640, 512, "gelu_tanh", 5), mode, variant)
@@ -154,6 +159,36 @@ def assert_device_bound(cfg, free):
     assert cfg["PREDICTED_US"] >= floor or split == 1
     if split < free["SPLIT_K"]:
         assert S.predicted_us(m, k, n, tiles * (split + 1)) < floor
+
+
+def test_plans_of_ws_min_us_and_more_run_the_warp_specialized_loop():
+    """WS goes by the plan's predicted GPU time, like the leaner loop; never for stream-K or 256-column tiles (the
+    consumer has a warp per 16 columns, one or two warpgroups); WS_MIN_US 0 never."""
+    for m, k, n in VISIBLE:
+        cfg = S.plan(m, k, n, {"WS_MIN_US": 30})
+        assert cfg["WS"] == int(cfg["PREDICTED_US"] >= 30), cfg
+        assert S.plan(m, k, n)["WS"] == 0  # the default plan: off
+        assert S.plan(m, k, n, {"WS_MIN_US": 30, "GRID": 1})["WS"] == 0
+        assert S.plan(m, k, n, {"WS_MIN_US": 1, "BLOCK_SIZE_N": 256})["WS"] == 0
+    assert [S.plan(m, k, n, {"WS_MIN_US": 30})["WS"] for m, k, n in VISIBLE].count(1) == 2  # the 117 MB weights
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [{"WS_MIN_US": 1}, {"WS_MIN_US": 1, "SPLIT_K": 1},
+                                    {"WS_MIN_US": 1, "BLOCK_SIZE_N": 128, "WS_MAXNREG": 72, "WS_STAGES": 4}])
+def test_the_warp_specialized_loop_on_cuda(config):
+    """The Gluon loop itself (on CUDA a WS plan runs ws.py, not the split-K kernel): a visible-size case and a thin
+    one, normal and adversarial inputs, the kept accumulator and counters at zero after repeated calls."""
+    for case in (kh.Case("ws", 24, 8192, 3072, "gelu_tanh", 21), kh.Case("ws", 5, 640, 512, "silu", 22)):
+        assert S.plan(case.m, case.k, case.n, config)["WS"] == 1
+        for mode in kh.MODES:
+            fn, t, first = _check(case, mode, config)
+            ref = kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
+            for _ in range(3):
+                assert kh.check_output(fn(t.x, t.residual), ref, (case.m, case.n)).ok, (case, mode, config)
+            gc.collect()
+            assert not any(o.any().item() for o in gc.get_objects() if type(o) is torch.Tensor
+                           and o.dtype == torch.float32 and tuple(o.shape) == (case.m, case.n)), "kept state"
 
 
 def test_plans_of_lean_min_us_and_more_run_the_leaner_loop_and_the_shorter_ones_the_default():
@@ -333,9 +368,15 @@ def test_validation_errors():
         for bad in (8, 300, 96.5, "96", True, False, 0.0):
             with pytest.raises(ValueError, match=f"^{key} must be 0"):
                 S.plan(18, 256, 256, {key: bad})
-    for bad in (-1, "22", None, True, float("nan"), float("inf")):
-        with pytest.raises(ValueError, match="LEAN_MIN_US must be 0"):
-            S.plan(18, 256, 256, {"LEAN_MIN_US": bad})
+    for key in ("LEAN_MIN_US", "WS_MIN_US"):
+        for bad in (-1, "22", None, True, float("nan"), float("inf")):
+            with pytest.raises(ValueError, match=f"{key} must be 0"):
+                S.plan(18, 256, 256, {key: bad})
+    for bad in (1, 5, 3.0, True, "3"):
+        with pytest.raises(ValueError, match="WS_STAGES must be 2, 3 or 4"):
+            S.plan(18, 256, 256, {"WS_STAGES": bad})
+    with pytest.raises(ValueError, match="^WS_MAXNREG must be 0"):
+        S.plan(18, 256, 256, {"WS_MAXNREG": 300})
     with pytest.raises(ValueError, match="SPLIT_K must be 0"):
         S.plan(18, 256, 256, {"GRID": 1, "SPLIT_K": 2})
     with pytest.raises(ValueError, match="BLOCK_SIZE_K must equal"):
@@ -371,7 +412,7 @@ def _same_call_again(again, first, ref, case):
         assert torch.equal(again, first)
 
 
-@pytest.mark.parametrize("config", [{"SPLIT_K": 3}, {"GRID": 1, "MIN_PROGRAMS": 7}])
+@pytest.mark.parametrize("config", [{"SPLIT_K": 3}, {"GRID": 1, "MIN_PROGRAMS": 7}, {"SPLIT_K": 3, "WS_MIN_US": 1}])
 def test_the_kept_accumulator_is_clean_after_every_call_and_kept_for_one_m(config):
     case = kh.Case("one-launch", 18, 640, 512, "gelu_tanh", 12)
     fn, t, first = _check(case, "adversarial", config)
@@ -482,6 +523,25 @@ SM90_EXPECTED = {  # (kernel, split?, stages, dequant, scale after dot, scale lo
     ("w4a16_stream_kernel", True, 4, 2, 1, 0, 0, 0): ({127}, {201}, 45056),
     ("w4a16_stream_kernel", True, 3, 2, 1, 0, 0, 0): ({127}, {201}, 32768),
 }
+
+
+def test_the_warp_specialized_loop_compiles_for_hopper_as_the_prototype_measured():
+    """ws.py compiled to sm90 machine code for the plans WS_MIN_US 30 gives it (the 117 MB weights) and with two
+    consumer warpgroups: the words, x and scales through the copy engine, one wgmma wait and about 147 instructions
+    per step in the consumer (the prototype's 146-150), no spills, a barrier between the last split's reads of the
+    sums and their zeroing."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(Path(__file__).with_name("hopper_compile.py")), str(FAMILY), "--ws"],
+                         capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    compiled = json.loads(run.stdout)
+    assert [(k["case"], k["block_n"], k["split_k"]) for k in compiled] == [
+        ("24x8192x28672-gelu_tanh", 64, 2), ("32x28672x8192-silu", 64, 4), ("24x8192x28672-gelu_tanh", 128, 3)]
+    for kernel in compiled:
+        assert kernel["tma"] and kernel["f16x2_dequant"] and kernel["barrier_after_reads"], kernel
+        assert kernel["wgmma_waits"] == 1 and 140 <= kernel["loop_sass"] <= 155, kernel
+        assert kernel["local_memory"] == 0 and kernel["registers"] == kernel["maxnreg"], kernel
+        assert kernel["shared"] <= HOPPER_SHARED_BYTES, kernel
 
 
 def test_every_visible_plan_compiles_for_hopper_as_the_measured_winners_did():

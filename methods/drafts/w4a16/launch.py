@@ -13,6 +13,7 @@ from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .kernels import w4a16_splitk_kernel, w4a16_stream_kernel
+from .ws import shared_layouts, w4a16_ws_kernel, words_layout
 
 
 def make_call(cfg, M, K, N, activation, weights, x, residual, check):
@@ -32,6 +33,8 @@ def make_call(cfg, M, K, N, activation, weights, x, residual, check):
         words = weights[0].view(-1, row)
         weights = (TensorDescriptor(words, list(words.shape), [row, 1], [cfg["BLOCK_SIZE_N"], row]), *weights[1:])
     compiled = device.type == "cuda" and isinstance(w4a16_splitk_kernel, JITFunction)
+    if cfg["WS"] and compiled:  # the warp-specialized loop (Gluon); the interpreter runs the split-K kernel below
+        return ws_call(cfg, M, K, N, activation, weights, kept, x, residual, check)
     dequant = cfg["DEQUANT"] if compiled else 1  # inline PTX needs a compiled kernel: the interpreter runs pure Triton
     blocks = (cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"])
     if stream:
@@ -62,6 +65,44 @@ def make_call(cfg, M, K, N, activation, weights, x, residual, check):
     if bare:
         return address_call(run, (M, K), out_shape, device, weights, kept, tail, check)
     return tensor_call(run, out_shape, device, weights, kept, tail, check)
+
+
+def ws_call(cfg, M, K, N, activation, weights, kept, x, residual, check):
+    """WS 1 on compiled CUDA: ``ws.w4a16_ws_kernel`` with the plan's split. The descriptors of the words and the
+    scales are made once, here; x's, whose address changes from call to call, on every call, and the launcher encodes
+    each descriptor on every call (host time the plans that run this loop, tens of microseconds of GPU time a call,
+    hide)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as Descriptor
+    words, scales, bias = weights
+    block_m, block_n, block_k = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
+    q_layout, x_layout, s_layout = shared_layouts(block_m, block_n, block_k)
+    q_desc = Descriptor.from_tensor(words.view(-1, block_k // 8), [block_n, block_k // 8], q_layout)
+    s_desc = Descriptor.from_tensor(scales, [1, block_n], s_layout)
+    grid = (cfg["M_TILES"] * cfg["N_TILES"], cfg["SPLIT_K"], 1)
+    # the constexprs in declaration order: the launcher takes them with the other arguments
+    constants = {"ACTIVATION": activation, "SPLIT_K": cfg["SPLIT_K"], "BLOCK_M": block_m, "BLOCK_N": block_n,
+                 "BLOCK_K": block_k, "STAGES": cfg["WS_STAGES"], "WORDS_LAYOUT": words_layout(block_n)}
+    options = {"num_warps": block_n // 16}
+    if cfg["WS_MAXNREG"]:
+        options["maxnreg"] = cfg["WS_MAXNREG"]
+    device = x.device
+    out_shape = (M, N)
+    f16 = torch.float16
+    out = torch.empty(out_shape, dtype=f16, device=device)
+    accumulator, counters = kept or (out, out)
+    x_desc = Descriptor(x, [M, K], [K, 1], [block_m, block_k], x_layout)
+    compiled_kernel = w4a16_ws_kernel.warmup(q_desc, x_desc, s_desc, bias, residual, out, accumulator, counters, M, N,
+                                             K, grid=grid, **constants, **options)
+    run = compiled_launcher(compiled_kernel, grid, device.index)
+    tail = (M, N, K, *constants.values())
+
+    def call(x, residual):
+        x, residual = check(x, residual)
+        out = torch.empty(out_shape, dtype=f16, device=device)
+        run(q_desc, Descriptor(x, [M, K], [K, 1], [block_m, block_k], x_layout), s_desc, bias, residual, out,
+            kept[0] if kept else out, kept[1] if kept else out, *tail)
+        return out
+    return call
 
 
 def keeps_accumulator(cfg):

@@ -21,6 +21,10 @@ How (kernels.py, pack.py, launch.py):
   per-step scale load 5-12%: reports/examples/h200-weight-stream). The leaner loop (DEQUANT 3 under MAXNREG 96,
   five programs per SM instead of four; plans predicted at LEAN_MIN_US or more run it) sped it up; earlier scale
   loads, the copy engine for the words or for x, two groups a step, wider tiles and a register cap alone did not.
+- WS_MIN_US > 0: plans predicted at that many us or more run the warp-specialized loop of ws.py on compiled CUDA (a
+  producer warp copies each step's words, x tile and row of scales into a shared-memory ring with the copy engine;
+  consumer warps dequantize, multiply and scale, no global load in their loop). The interpreter runs the split-K
+  kernel for those plans.
 - Split-K for small N: the splits add their fp32 partials into a kept (M, N) accumulator and count themselves in per
   tile; the last one applies the epilogue and leaves accumulator and counter at zero. One launch per call.
 - The host path: per M the plan and a launcher of the compiled kernel are made once; a call checks its arguments with
@@ -92,10 +96,14 @@ def get_config():
     # LEAN_MIN_US (0: never) is the least predicted GPU time per call of a GRID 0 plan (any split count; stream-K
     # never) that runs the leaner loop, LEAN_DEQUANT under LEAN_MAXNREG, in place of DEQUANT and MAXNREG; a tier or a
     # call that sets DEQUANT or MAXNREG sets the loop of every plan it covers.
+    # WS_MIN_US (0: never) is the least predicted GPU time per call of a GRID 0 plan that runs the warp-specialized
+    # loop (ws.py: a producer warp feeding the words, x and scales through the copy engine, BLOCK_SIZE_N // 16
+    # consumer warps) on compiled CUDA, WS_STAGES ring stages under a WS_MAXNREG register cap, with the plan's split;
+    # it replaces the plan's loop (DEQUANT, MAXNREG, num_warps, num_stages and the SCALE_* knobs do not apply).
     return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 396,
             "DEQUANT": 2, "SCALE_AFTER_DOT": 1, "SCALE_LOAD": 0, "WEIGHT_TMA": 0, "LAUNCH": 2, "GRID": 0,
             "num_warps": 4, "num_stages": 4, "MAXNREG": 0, "DEVICE_BOUND_US": 16, "LEAN_MIN_US": 22,
-            "LEAN_DEQUANT": 3, "LEAN_MAXNREG": 96}
+            "LEAN_DEQUANT": 3, "LEAN_MAXNREG": 96, "WS_MIN_US": 0, "WS_STAGES": 3, "WS_MAXNREG": 64}
 
 
 # Per-shape overrides: the first tier whose N and K ranges hold the shape updates the general plan.
@@ -172,14 +180,17 @@ def plan(M, K, N, overrides=None):
     for key, allowed in _ALLOWED.items():  # exact ints: True or 3.0 would reach the kernel as other constexprs
         if type(config[key]) is not int or config[key] not in allowed:
             raise ValueError(f"{key} must be one of {allowed}; got {config[key]!r}")
-    for key in ("MAXNREG", "LEAN_MAXNREG"):
+    for key in ("MAXNREG", "LEAN_MAXNREG", "WS_MAXNREG"):
         if type(config[key]) is not int or not (config[key] == 0 or 24 <= config[key] <= 255):
             raise ValueError(f"{key} must be 0 (the compiler's choice) or registers per thread in 24..255; got "
                              f"{config[key]!r}")
-    lean_min = config["LEAN_MIN_US"]
-    if type(lean_min) not in (int, float) or not 0 <= lean_min < float("inf"):
-        raise ValueError(f"LEAN_MIN_US must be 0 (never) or the least predicted GPU time in us of a plan that runs "
-                         f"the leaner loop; got {lean_min!r}")
+    for key, what in (("LEAN_MIN_US", "the leaner loop"), ("WS_MIN_US", "the warp-specialized loop")):
+        if type(config[key]) not in (int, float) or not 0 <= config[key] < float("inf"):
+            raise ValueError(f"{key} must be 0 (never) or the least predicted GPU time in us of a plan that runs "
+                             f"{what}; got {config[key]!r}")
+    if type(config["WS_STAGES"]) is not int or not 2 <= config["WS_STAGES"] <= 4:
+        raise ValueError(f"WS_STAGES must be 2, 3 or 4 (stages of the warp-specialized loop's ring); got "
+                         f"{config['WS_STAGES']!r}")
     if config["GRID"] == 1 and config["SPLIT_K"] != 0:
         raise ValueError(f"GRID 1 (stream-K) shares the group steps itself: SPLIT_K must be 0; got {config['SPLIT_K']}")
     block_m = max(16, min(_next_pow2(config["BLOCK_SIZE_M"]), _next_pow2(M)))
@@ -191,7 +202,8 @@ def plan(M, K, N, overrides=None):
     config.update({"M": M, "K": K, "N": N, "BLOCK_SIZE_M": block_m, "BLOCK_SIZE_N": block_n, "M_TILES": m_tiles,
                    "N_TILES": n_tiles})
     if config["GRID"] == 1:  # MIN_PROGRAMS programs share the steps (0: as many as fit at once, set at launch)
-        config.update({"SPLIT_K": 1, "PROGRAMS": max(0, min(int(config["MIN_PROGRAMS"]), m_tiles * n_tiles * groups))})
+        config.update({"SPLIT_K": 1, "PROGRAMS": max(0, min(int(config["MIN_PROGRAMS"]), m_tiles * n_tiles * groups)),
+                       "WS": 0})
         return config
     split_k = int(config["SPLIT_K"]) or triton.cdiv(int(config["MIN_PROGRAMS"]), m_tiles * n_tiles)
     # every split owns at least one whole group; the remainder groups spread one each over some splits
@@ -203,6 +215,9 @@ def plan(M, K, N, overrides=None):
     pinned = {"DEQUANT", "MAXNREG"} & (set(overrides or {}) | set(tier))  # a tier's or a call's loop holds
     if config["LEAN_MIN_US"] and config["PREDICTED_US"] >= config["LEAN_MIN_US"] and not pinned:
         config["DEQUANT"], config["MAXNREG"] = config["LEAN_DEQUANT"], config["LEAN_MAXNREG"]
+    # the warp-specialized loop: one consumer warp per 16 columns, a warpgroup or two
+    config["WS"] = int(bool(config["WS_MIN_US"]) and config["PREDICTED_US"] >= config["WS_MIN_US"]
+                       and block_n in (64, 128))
     return config
 
 
