@@ -1,7 +1,7 @@
 """Compile the W4A16 family's kernels for sm90 (no GPU needed) for every plan the visible panel gets, the inline-PTX
 dequants on one case, and the stream-K kernel (GRID 1) for each visible case; print one JSON record per kernel.
-With --ws: the warp-specialized kernel (ws.py) for the visible plans that WS_MIN_US 30 gives it, and 128 columns a
-program on the first of them.
+With --ws: the warp-specialized kernel (ws.py) for the visible plans that WS_MIN_US 30 gives it, then on the first
+of them 128 columns a program and one row of x (16-row x tiles, M = 1).
 
 Usage: python tests/methods/hopper_compile.py SOLUTION_DIR [--ws]   (without TRITON_INTERPRET: the interpreter never
 compiles)
@@ -143,7 +143,11 @@ def compile_ws(module, case, overrides) -> dict:
     constants = {"ACTIVATION": 0, "SPLIT_K": cfg["SPLIT_K"], "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
                  "STAGES": cfg["WS_STAGES"], "WORDS_LAYOUT": ws.words_layout(bn)}
     signature.update(dict.fromkeys(constants, "constexpr"))
-    aligned = {(i,): [["tt.divisibility", 16]] for i in (3, 4, 5, 6, 7, 9, 10)}  # the pointers, N and K
+    # the pointers, N and K; M = 1 is specialized as a constant, as the launches do
+    aligned = {(i,): [["tt.divisibility", 16]] for i in (3, 4, 5, 6, 7, 9, 10)}
+    if case.m == 1:
+        constants["M"] = 1
+        signature["M"] = "constexpr"
     options = {"num_warps": bn // 16}
     if cfg["WS_MAXNREG"]:
         options["maxnreg"] = cfg["WS_MAXNREG"]
@@ -220,6 +224,7 @@ def main_ws(solution: str) -> None:
     cases = [case for case in kh.load_panel("visible") if module.plan(case.m, case.k, case.n, {"WS_MIN_US": 30})["WS"]]
     jobs = [(case, {"WS_MIN_US": 30}) for case in cases]
     jobs += [(cases[0], {"WS_MIN_US": 30, "BLOCK_SIZE_N": 128, "WS_MAXNREG": 72})]  # two consumer warpgroups
+    jobs += [(kh.Case(cases[0].stratum, 1, cases[0].k, cases[0].n, cases[0].epilogue, 0), {"WS_MIN_US": 30})]
     print(json.dumps([compile_ws(module, case, overrides) for case, overrides in jobs]))
 
 

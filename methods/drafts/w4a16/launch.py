@@ -28,13 +28,15 @@ def make_call(cfg, M, K, N, activation, weights, x, residual, check):
     if keeps_accumulator(cfg):
         kept = (torch.zeros((M, N), dtype=torch.float32, device=device),
                 torch.zeros(tiles, dtype=torch.int32, device=device))
+    compiled = device.type == "cuda" and isinstance(w4a16_splitk_kernel, JITFunction)
+    # the warp-specialized loop (Gluon, Hopper's wgmma and copy engine); elsewhere, the interpreter included, the
+    # split-K kernel below runs the plan
+    if cfg["WS"] and compiled and torch.cuda.get_device_capability(device)[0] == 9:
+        return ws_call(cfg, M, K, N, activation, weights, kept, x, residual, check)
     if cfg["WEIGHT_TMA"]:  # the words through the copy engine: a descriptor of their blocks, a row per column
         row = cfg["BLOCK_SIZE_K"] // 8
         words = weights[0].view(-1, row)
         weights = (TensorDescriptor(words, list(words.shape), [row, 1], [cfg["BLOCK_SIZE_N"], row]), *weights[1:])
-    compiled = device.type == "cuda" and isinstance(w4a16_splitk_kernel, JITFunction)
-    if cfg["WS"] and compiled:  # the warp-specialized loop (Gluon); the interpreter runs the split-K kernel below
-        return ws_call(cfg, M, K, N, activation, weights, kept, x, residual, check)
     dequant = cfg["DEQUANT"] if compiled else 1  # inline PTX needs a compiled kernel: the interpreter runs pure Triton
     blocks = (cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"])
     if stream:
@@ -68,10 +70,11 @@ def make_call(cfg, M, K, N, activation, weights, x, residual, check):
 
 
 def ws_call(cfg, M, K, N, activation, weights, kept, x, residual, check):
-    """WS 1 on compiled CUDA: ``ws.w4a16_ws_kernel`` with the plan's split. The descriptors of the words and the
-    scales are made once, here; x's, whose address changes from call to call, on every call, and the launcher encodes
-    each descriptor on every call (host time the plans that run this loop, tens of microseconds of GPU time a call,
-    hide)."""
+    """WS 1 on compiled CUDA (Hopper): ``ws.w4a16_ws_kernel`` with the plan's split. The descriptors of the words and
+    the scales are made once, here; x's, whose address changes from call to call, on every call. Each call checks its
+    arguments in full and the launcher encodes every descriptor and reads every tensor's address (LAUNCH 1's path,
+    several microseconds more host time a call than LAUNCH 2's), so WS_MIN_US belongs on plans whose GPU time is
+    well above their host cost."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as Descriptor
     words, scales, bias = weights
     block_m, block_n, block_k = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]

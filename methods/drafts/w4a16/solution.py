@@ -21,7 +21,7 @@ How (kernels.py, pack.py, launch.py):
   per-step scale load 5-12%: reports/examples/h200-weight-stream). The leaner loop (DEQUANT 3 under MAXNREG 96,
   five programs per SM instead of four; plans predicted at LEAN_MIN_US or more run it) sped it up; earlier scale
   loads, the copy engine for the words or for x, two groups a step, wider tiles and a register cap alone did not.
-- WS_MIN_US > 0: plans predicted at that many us or more run the warp-specialized loop of ws.py on compiled CUDA (a
+- WS_MIN_US > 0: plans predicted at that many us or more run the warp-specialized loop of ws.py on Hopper (a
   producer warp copies each step's words, x tile and row of scales into a shared-memory ring with the copy engine;
   consumer warps dequantize, multiply and scale, no global load in their loop). The interpreter runs the split-K
   kernel for those plans.
@@ -98,8 +98,10 @@ def get_config():
     # call that sets DEQUANT or MAXNREG sets the loop of every plan it covers.
     # WS_MIN_US (0: never) is the least predicted GPU time per call of a GRID 0 plan that runs the warp-specialized
     # loop (ws.py: a producer warp feeding the words, x and scales through the copy engine, BLOCK_SIZE_N // 16
-    # consumer warps) on compiled CUDA, WS_STAGES ring stages under a WS_MAXNREG register cap, with the plan's split;
-    # it replaces the plan's loop (DEQUANT, MAXNREG, num_warps, num_stages and the SCALE_* knobs do not apply).
+    # consumer warps) on compiled CUDA on Hopper, WS_STAGES ring stages under a WS_MAXNREG register cap, with the
+    # plan's split; it replaces the plan's loop and host path (DEQUANT, MAXNREG, num_warps, num_stages, the SCALE_*
+    # knobs, WEIGHT_TMA and LAUNCH do not apply). BLOCK_SIZE_N 64 (one consumer warpgroup) fits a cap of 64, 128
+    # (two) needs 72; 0 (the compiler's choice) is unmeasured.
     return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 396,
             "DEQUANT": 2, "SCALE_AFTER_DOT": 1, "SCALE_LOAD": 0, "WEIGHT_TMA": 0, "LAUNCH": 2, "GRID": 0,
             "num_warps": 4, "num_stages": 4, "MAXNREG": 0, "DEVICE_BOUND_US": 16, "LEAN_MIN_US": 22,
@@ -215,9 +217,10 @@ def plan(M, K, N, overrides=None):
     pinned = {"DEQUANT", "MAXNREG"} & (set(overrides or {}) | set(tier))  # a tier's or a call's loop holds
     if config["LEAN_MIN_US"] and config["PREDICTED_US"] >= config["LEAN_MIN_US"] and not pinned:
         config["DEQUANT"], config["MAXNREG"] = config["LEAN_DEQUANT"], config["LEAN_MAXNREG"]
-    # the warp-specialized loop: one consumer warp per 16 columns, a warpgroup or two
+    # the warp-specialized loop: one consumer warp per 16 columns, a warpgroup or two, and x tiles of at most 32
+    # rows (the fp32 partial of a wider tile would not fit the consumer's registers)
     config["WS"] = int(bool(config["WS_MIN_US"]) and config["PREDICTED_US"] >= config["WS_MIN_US"]
-                       and block_n in (64, 128))
+                       and block_n in (64, 128) and block_m <= 32)
     return config
 
 

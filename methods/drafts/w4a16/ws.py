@@ -1,12 +1,14 @@
-"""The warp-specialized K loop (plans with WS 1, compiled CUDA on Hopper only): the family's split-K product in Gluon.
+"""The warp-specialized K loop (plans with WS 1 on Hopper; launch.py runs the split-K kernel elsewhere): the family's
+split-K product in Gluon.
 
 A producer warp copies each step's block of repacked words (pack.operand_blocks), its x tile and its row of scales
 into a ring of shared-memory stages with the copy engine (TMA; each stage completes on one mbarrier). The consumer
 warps (BLOCK_SIZE_N // 16 of them: one warpgroup for 64 columns, two sharing each x tile for 128) load the words
 straight into the wgmma register operand's layout (``words_layout``), dequantize them with the family's one-shift
 inline PTX (DEQUANT 3), run the wgmma against x in shared memory, release the stage and scale the fp32 partial by
-the row from the ring. Nothing in the consumer waits on a global load: on the H200 that alone made this loop
-1.03-1.19x the family's split-K kernel (reports/examples/h200-weight-stream, ``SCALES`` 1).
+the row from the ring. Nothing in the consumer waits on a global load: on the H200, moving the scale row into the
+ring took this loop from 0.91-1.00x to 1.04-1.19x the family's whole call (reports/examples/h200-weight-stream,
+``SCALES`` 1 of the prototype).
 
 After the join the consumer's warps hold the partial and finish as ``kernels._add_and_finish`` does: one split
 applies bias, activation and residual itself; split tiles add into the kept fp32 accumulator, count themselves in
@@ -57,7 +59,7 @@ def _consumer(w_bufs, x_bufs, s_bufs, ready, empty, n_steps, BLOCK_N: gl.constex
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[BLOCK_N // 16, 1],
                                                   instr_shape=[16, BLOCK_M, 16])
     dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    # a [1, BLOCK_N] row of scales out of the ring: one element a thread, the warps side by side
+    # a [1, BLOCK_N] row of scales out of the ring: the warps side by side along it (each element held twice)
     row: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[1, 32],
                                          warps_per_cta=[1, BLOCK_N // 16], order=[1, 0])
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma)
@@ -91,7 +93,7 @@ def w4a16_ws_kernel(q_desc, x_desc, s_desc, b_ptr, r_ptr, out_ptr, acc_ptr, cnt_
                     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
                     WORDS_LAYOUT: gl.constexpr):
     """One program per (tile, split), as w4a16_splitk_kernel's GRID 0: M tiles fastest, the split on axis 1. The
-    descriptors: q_desc the words as [tiles * groups * BLOCK_N, 16] rows (blocks of [BLOCK_N, 16]), x_desc x as
+    descriptors: q_desc the words as [N_TILES * groups * BLOCK_N, 16] rows (blocks of [BLOCK_N, 16]), x_desc x as
     (M, K) in [BLOCK_M, BLOCK_K] tiles (rows past M read as zeros), s_desc the scales as (K // BLOCK_K, N) in
     [1, BLOCK_N] rows."""
     pid = gl.program_id(0)

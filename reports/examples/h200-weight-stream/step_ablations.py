@@ -234,22 +234,13 @@ def _options(v):
 
 
 def _per_step(cubin):
-    """(fewest SASS instructions per K step over the loops that hold whole steps (8 HGMMAs each) or None,
+    """(fewest SASS instructions per K step over the loops that hold whole steps (8 HGMMAs each), or None;
     local-memory instructions in the kernel)."""
     sys.path.insert(0, os.path.join(os.getcwd(), "tests", "methods"))
-    from hopper_compile import _cubin_tool
-    sass = _cubin_tool("nvdisasm", ["-c"], cubin).splitlines()
-    is_instruction = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+\S")
-    labels = {m.group(1): i for i, line in enumerate(sass) if (m := re.match(r"^(\.L_x_\d+):", line))}
-    per_step = []  # every backward branch over HGMMAs
-    for i, line in enumerate(sass):
-        branch = re.search(r"BRA `\((\.L_x_\d+)\)", line)
-        if branch and labels.get(branch.group(1), i) < i:
-            body = [b for b in sass[labels[branch.group(1)]:i + 1] if is_instruction.match(b)]
-            steps = sum("HGMMA" in b for b in body) // 8
-            if steps:
-                per_step.append(len(body) / steps)
-    return (min(per_step) if per_step else None), sum(1 for line in sass if re.search(r"\b(LDL|STL)\b", line))
+    from hopper_compile import _cubin_tool, consumer_loop
+    sass = _cubin_tool("nvdisasm", ["-c"], cubin)
+    per_step, _ = consumer_loop(sass)
+    return (per_step or None), len(re.findall(r"\b(?:LDL|STL)\b", sass))
 
 
 def sm90(variants, overrides=()):

@@ -317,32 +317,12 @@ def gpu_case(case_json, variants):
 
 
 def consumer_loop(cubin):
-    """(SASS instructions, wgmma waits) per K step of the loop holding whole steps (8 HGMMAs each) that issues the
-    fewest instructions per step: the consumer's steady state."""
-    import re
-    from hopper_compile import _cubin_tool
-    code, labels, pending = [], {}, []
-    for line in _cubin_tool("nvdisasm", ["-c"], cubin).splitlines():
-        label = re.match(r"^(\.L_x_\d+):", line)
-        instruction = re.match(r"^\s+/\*([0-9a-f]+)\*/\s+(\S.*)", line)
-        if label:
-            pending.append(label.group(1))
-        elif instruction:
-            code.append((int(instruction.group(1), 16), instruction.group(2)))
-            labels.update(dict.fromkeys(pending, code[-1][0]))
-            pending = []
-    best = None
-    for address, text in code:
-        branch = re.search(r"BRA\s+`\((\.L_x_\d+)\)", text)
-        if branch and labels.get(branch.group(1), address) < address:
-            body = [t for a, t in code if labels[branch.group(1)] <= a <= address]
-            steps = sum("HGMMA" in t for t in body) // 8
-            if steps and (best is None or len(body) / steps < len(best[0]) / best[1]):
-                best = (body, steps)
-    if best is None:
+    """(SASS instructions, wgmma waits) per K step of the consumer's steady state (hopper_compile.consumer_loop)."""
+    from hopper_compile import _cubin_tool, consumer_loop as loop
+    per_step, waits = loop(_cubin_tool("nvdisasm", ["-c"], cubin))
+    if not per_step:
         raise RuntimeError("no loop in the machine code holds a whole step's 8 HGMMAs")
-    body, steps = best
-    return len(body) / steps, sum("WARPGROUP.DEPBAR" in t for t in body) / steps
+    return per_step, waits
 
 
 def main():
