@@ -31,11 +31,19 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-# the family's one-shift dequant (DEQUANT 3), as the family's kernels hold it
+# the family's warp-specialized kernel holds the dequant, the epilogue and the layouts this prototype shares with it
 sys.path.insert(0, os.getcwd())
-from methods.drafts.w4a16.kernels import DEQUANT_PTX_ONE_SHIFT as _FAMILY_PTX  # noqa: E402
+from methods.drafts.w4a16.ws import _dequant_tile, _finish, shared_layouts, words_layout  # noqa: E402
 
-DEQUANT_PTX_ONE_SHIFT = gl.constexpr(_FAMILY_PTX.value)
+
+def layouts(BN, BM, BK):
+    """The shared layouts of a stage's words and x tile."""
+    return shared_layouts(BM, BN, BK)[:2]
+
+
+def scales_layout(BN):
+    """The shared layout of a [1, BN] row of scales (SCALES 1)."""
+    return shared_layouts(32, BN, 128)[2]
 
 
 @gluon.jit
@@ -55,17 +63,6 @@ def _producer(q_desc, x_desc, s_desc, w_bufs, x_bufs, s_bufs, ready, empty, q_ro
             mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + x_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [q_row0 + i * BN, 0], ready.index(s), w_bufs.index(s))
         tma.async_copy_global_to_shared(x_desc, [x_row0, k0 + i * BK], ready.index(s), x_bufs.index(s))
-
-
-@gluon.jit
-def _dequant_tile(words, BN: gl.constexpr, BK: gl.constexpr, dot_a: gl.constexpr):
-    n0, n1, n2, n3, n4, n5, n6, n7 = gl.inline_asm_elementwise(
-        DEQUANT_PTX_ONE_SHIFT, "=h,=h,=h,=h,=h,=h,=h,=h,r", [words], dtype=(gl.int16,) * 8, is_pure=True, pack=1)
-    nib = gl.join(gl.join(gl.join(n0, n4), gl.join(n2, n6)), gl.join(gl.join(n1, n5), gl.join(n3, n7)))
-    nib = gl.reshape(nib, [BN, 16, 8])
-    w = gl.permute(gl.reshape(nib, [BN, 4, 4, 2, 2, 2]), [0, 2, 5, 4, 1, 3])
-    w = gl.reshape(w, [BN, BK]).to(gl.float16, bitcast=True)
-    return gl.convert_layout(w, dot_a)
 
 
 @gluon.jit
@@ -131,18 +128,6 @@ def _consumer(w_bufs, x_bufs, s_bufs, ready, empty, s_ptr, N, g0, n_steps, pid_n
 
 
 @gluon.jit
-def _finish(z, r_ptr, out_ptr, io, mask, ACTIVATION: gl.constexpr):
-    """out[io] = act(z) + residual[io] in fp16 (the family's epilogue), z the fp32 sum with the bias added."""
-    if ACTIVATION == 0:  # silu
-        y = z / (1.0 + gl.exp(-z))
-    else:  # gelu_tanh: z * sigmoid(2a)
-        inner = 0.7978845608028654 * (z + 0.044715 * z * z * z)
-        y = z / (1.0 + gl.exp(-2.0 * inner))
-    residual = gl.load(r_ptr + io, mask=mask, other=0.0)
-    gl.store(out_ptr + io, (y + residual.to(gl.float32)).to(gl.float16), mask=mask)
-
-
-@gluon.jit
 def w4a16_ws_kernel(q_desc, x_desc, s_ptr, b_ptr, r_ptr, out_ptr, acc_ptr, cnt_ptr, M, N, K,
                     ACTIVATION: gl.constexpr, SPLIT_K: gl.constexpr,
                     BN: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
@@ -203,26 +188,6 @@ def w4a16_ws_kernel(q_desc, x_desc, s_ptr, b_ptr, r_ptr, out_ptr, acc_ptr, cnt_p
                 gl.thread_barrier()
                 gl.store(acc_ptr + io, gl.zeros_like(z), mask=mask)
                 gl.store(cnt_ptr + pid, 0)
-
-
-def words_layout(BN):
-    """Thread (warp w, lane 4g + t) holds rows 16w + g and 16w + g + 8, words 4t .. 4t + 3 (the words the wgmma
-    register operand of its rows needs: pack.py's operand order); BN // 16 consumer warps."""
-    warps = [[16 << i, 0] for i in range((BN // 16).bit_length() - 1)]
-    return gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 2], [8, 0]],
-                                      lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
-                                      warp_bases=warps, block_bases=[], shape=[BN, 16])
-
-
-def layouts(BN, BM, BK):
-    q_layout = gl.NVMMASharedLayout.get_default_for([BN, BK // 8], gl.int32)
-    x_layout = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.float16)
-    return q_layout, x_layout
-
-
-def scales_layout(BN):
-    """The shared layout of a [1, BN] row of scales (SCALES 1)."""
-    return gl.NVMMASharedLayout.get_default_for([1, BN], gl.float16)
 
 
 def compile_sm90(stages=3, maxnreg=64, split=2, use_async=0, epilogue=0, consumer_warps=4, scales=0):
