@@ -167,7 +167,8 @@ def test_plans_of_ws_min_us_and_more_run_the_warp_specialized_loop():
     for m, k, n in VISIBLE:
         cfg = S.plan(m, k, n, {"WS_MIN_US": 30})
         assert cfg["WS"] == int(cfg["PREDICTED_US"] >= 30), cfg
-        assert S.plan(m, k, n)["WS"] == 0  # the default plan: off
+        assert S.plan(m, k, n)["WS"] == cfg["WS"]  # the default plan: WS_MIN_US 30
+        assert S.plan(m, k, n, {"WS_MIN_US": 0})["WS"] == 0
         assert S.plan(m, k, n, {"WS_MIN_US": 30, "GRID": 1})["WS"] == 0
         assert S.plan(m, k, n, {"WS_MIN_US": 1, "BLOCK_SIZE_N": 256})["WS"] == 0
     assert [S.plan(m, k, n, {"WS_MIN_US": 30})["WS"] for m, k, n in VISIBLE].count(1) == 2  # the 117 MB weights

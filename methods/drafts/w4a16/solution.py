@@ -21,7 +21,7 @@ How (kernels.py, pack.py, launch.py):
   per-step scale load 5-12%: reports/examples/h200-weight-stream). The leaner loop (DEQUANT 3 under MAXNREG 96,
   five programs per SM instead of four; plans predicted at LEAN_MIN_US or more run it) sped it up; earlier scale
   loads, the copy engine for the words or for x, two groups a step, wider tiles and a register cap alone did not.
-- WS_MIN_US > 0: plans predicted at that many us or more run the warp-specialized loop of ws.py on Hopper (a
+- Plans predicted at WS_MIN_US (30) or more run the warp-specialized loop of ws.py on Hopper (a
   producer warp copies each step's words, x tile and row of scales into a shared-memory ring with the copy engine;
   consumer warps dequantize, multiply and scale, no global load in their loop). The interpreter runs the split-K
   kernel for those plans.
@@ -105,7 +105,7 @@ def get_config():
     return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 396,
             "DEQUANT": 2, "SCALE_AFTER_DOT": 1, "SCALE_LOAD": 0, "WEIGHT_TMA": 0, "LAUNCH": 2, "GRID": 0,
             "num_warps": 4, "num_stages": 4, "MAXNREG": 0, "DEVICE_BOUND_US": 16, "LEAN_MIN_US": 22,
-            "LEAN_DEQUANT": 3, "LEAN_MAXNREG": 96, "WS_MIN_US": 0, "WS_STAGES": 3, "WS_MAXNREG": 64}
+            "LEAN_DEQUANT": 3, "LEAN_MAXNREG": 96, "WS_MIN_US": 30, "WS_STAGES": 3, "WS_MAXNREG": 64}
 
 
 # Per-shape overrides: the first tier whose N and K ranges hold the shape updates the general plan.
