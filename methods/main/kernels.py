@@ -118,7 +118,8 @@ def _tile_partial(x_ptr, q_ptr, s_ptr, rows, mask_m, offs_n, pid_n, g_start, g_e
 
     The compiler's pipeline streams the words and x through shared memory ``num_stages`` steps ahead, but a row of
     scales (2 bytes per thread) is too narrow for its asynchronous copies: SCALE_LOAD 0 loads it at the step that
-    uses it (the other programs on the SM hide that latency: on the H200 SCALE_LOAD 1 was no faster). SCALE_LOAD 1
+    uses it (the other programs on the SM hide most of that latency: on the H200 SCALE_LOAD 1 was no faster, though a
+    loop without the load ran 1.05-1.13x faster: reports/examples/h200-weight-stream). SCALE_LOAD 1
     loads each step's row one step early into registers (the last group's row stands in past the range).
     SCALE_LOAD 2 loads the row as fp16 pairs in 32-bit words, which the pipeline streams with the words where the
     scales feed the dot (SCALE_AFTER_DOT 0); after the dot they are a plain load again. WEIGHT_TMA 1 reads the words

@@ -13,6 +13,7 @@ from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .kernels import w4a16_splitk_kernel, w4a16_stream_kernel
+from .ws import shared_layouts, w4a16_ws_kernel, words_layout
 
 
 def make_call(cfg, M, K, N, activation, weights, x, residual, check):
@@ -27,11 +28,15 @@ def make_call(cfg, M, K, N, activation, weights, x, residual, check):
     if keeps_accumulator(cfg):
         kept = (torch.zeros((M, N), dtype=torch.float32, device=device),
                 torch.zeros(tiles, dtype=torch.int32, device=device))
+    compiled = device.type == "cuda" and isinstance(w4a16_splitk_kernel, JITFunction)
+    # the warp-specialized loop (Gluon, Hopper's wgmma and copy engine); elsewhere, the interpreter included, the
+    # split-K kernel below runs the plan
+    if cfg["WS"] and compiled and torch.cuda.get_device_capability(device)[0] == 9:
+        return ws_call(cfg, M, K, N, activation, weights, kept, x, residual, check)
     if cfg["WEIGHT_TMA"]:  # the words through the copy engine: a descriptor of their blocks, a row per column
         row = cfg["BLOCK_SIZE_K"] // 8
         words = weights[0].view(-1, row)
         weights = (TensorDescriptor(words, list(words.shape), [row, 1], [cfg["BLOCK_SIZE_N"], row]), *weights[1:])
-    compiled = device.type == "cuda" and isinstance(w4a16_splitk_kernel, JITFunction)
     dequant = cfg["DEQUANT"] if compiled else 1  # inline PTX needs a compiled kernel: the interpreter runs pure Triton
     blocks = (cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"])
     if stream:
@@ -62,6 +67,64 @@ def make_call(cfg, M, K, N, activation, weights, x, residual, check):
     if bare:
         return address_call(run, (M, K), out_shape, device, weights, kept, tail, check)
     return tensor_call(run, out_shape, device, weights, kept, tail, check)
+
+
+def ws_call(cfg, M, K, N, activation, weights, kept, x, residual, check):
+    """WS 1 on compiled CUDA (Hopper): ``ws.w4a16_ws_kernel`` with the plan's split, on LAUNCH 2's lean host path
+    (``fits`` instead of the full check, integer addresses). The descriptors of the words and the scales are made
+    once, here; x's too, as a ``Rebased`` whose base is each call's x for that launch only. The launcher encodes
+    every descriptor on every call (triton 3.6 takes no encoded one)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as Descriptor
+    words, scales, bias = weights
+    block_m, block_n, block_k = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
+    q_layout, x_layout, s_layout = shared_layouts(block_m, block_n, block_k)
+    q_desc = Descriptor.from_tensor(words.view(-1, block_k // 8), [block_n, block_k // 8], q_layout)
+    s_desc = Descriptor.from_tensor(scales, [1, block_n], s_layout)
+    x_desc = Descriptor(x, [M, K], [K, 1], [block_m, block_k], x_layout)
+    grid = (cfg["M_TILES"] * cfg["N_TILES"], cfg["SPLIT_K"], 1)
+    # the constexprs in declaration order: the launcher takes them with the other arguments
+    constants = {"ACTIVATION": activation, "SPLIT_K": cfg["SPLIT_K"], "BLOCK_M": block_m, "BLOCK_N": block_n,
+                 "BLOCK_K": block_k, "STAGES": cfg["WS_STAGES"], "WORDS_LAYOUT": words_layout(block_n)}
+    options = {"num_warps": block_n // 16}
+    if cfg["WS_MAXNREG"]:
+        options["maxnreg"] = cfg["WS_MAXNREG"]
+    device = x.device
+    out = torch.empty((M, N), dtype=torch.float16, device=device)
+    accumulator, counters = kept or (out, out)
+    compiled_kernel = w4a16_ws_kernel.warmup(q_desc, x_desc, s_desc, bias, residual, out, accumulator, counters, M, N,
+                                             K, grid=grid, **constants, **options)
+    x_desc = Rebased(x_desc)
+    run = compiled_launcher(compiled_kernel, grid, device.index, bare=True)
+    b_ptr = bias.data_ptr()
+    a_ptr, c_ptr = (kept[0].data_ptr(), kept[1].data_ptr()) if kept else (0, 0)
+    tail = (M, N, K, *constants.values())
+    x_shape, out_shape, device_index = (M, K), (M, N), device.index
+
+    def call(x, residual):
+        if not fits(x, residual, x_shape, out_shape, device_index):
+            x, residual = check(x, residual)
+        out = torch.empty_like(residual)
+        o_ptr = out.data_ptr()
+        try:
+            run(q_desc, x_desc.on(x), s_desc, b_ptr, residual.data_ptr(), o_ptr, a_ptr if kept else o_ptr,
+                c_ptr if kept else o_ptr, *tail)
+        finally:
+            x_desc.on(None)
+        return out
+    return call
+
+
+class Rebased:
+    """A tensor descriptor as triton 3.6's launcher reads it (base, shape, strides, padding) with the base set for
+    one launch at a time (``on``): the compiled kernel was specialized on a real descriptor of the same shape,
+    strides, block and layout, and ``on(None)`` after the launch holds no caller's tensor between calls."""
+
+    def __init__(self, desc):
+        self.base, self.shape, self.strides, self.padding = None, list(desc.shape), list(desc.strides), desc.padding
+
+    def on(self, base):
+        self.base = base
+        return self
 
 
 def keeps_accumulator(cfg):
@@ -103,28 +166,32 @@ def tensor_call(run, out_shape, device, weights, kept, tail, check):
     return call
 
 
+def fits(x, residual, x_shape, out_shape, device_index):
+    """Whether x and residual are what the compiled kernel assumes (fp16, the call's shapes, contiguous, on the
+    device, 16-byte aligned: the copy engine's alignment too); a few attribute reads, cheaper than the full check."""
+    f16 = torch.float16
+    try:
+        return not (x.dtype is not f16 or residual.dtype is not f16 or x.shape != x_shape
+                    or residual.shape != out_shape or not x.is_contiguous() or not residual.is_contiguous()
+                    or x.get_device() != device_index or residual.get_device() != device_index
+                    or (x.data_ptr() | residual.data_ptr()) & 15)
+    except AttributeError:  # not a tensor: the full check says what it is
+        return False
+
+
 def address_call(run, x_shape, out_shape, device, weights, kept, tail, check):
     """LAUNCH 2, the lean host path: integer addresses straight to the launcher's C entry, skipping a data_ptr() call
     and a driver pointer query per tensor argument. The weights' and the accumulator's addresses are taken once, here:
     build holds the weights, and this closure ``kept`` (it reads it on every call, so the tensors behind the addresses
     live as long as the call); a descriptor of the words (WEIGHT_TMA) goes as it is, for the launcher to encode on
-    every call. A bare address says nothing of its tensor, so each call first reads what the kernel assumes (dtype,
-    shape, contiguity, device, 16-byte alignment); where one read disagrees, ``check`` decides (a copy fit for the
-    kernel, or a clear error)."""
+    every call. A bare address says nothing of its tensor, so each call first asks ``fits``; where it says no,
+    ``check`` decides (a copy fit for the kernel, or a clear error)."""
     w_arg, s_ptr, b_ptr = (w if isinstance(w, TensorDescriptor) else w.data_ptr() for w in weights)
     a_ptr, c_ptr = (kept[0].data_ptr(), kept[1].data_ptr()) if kept else (0, 0)
     device_index = device.index
-    f16 = torch.float16
 
     def call(x, residual):
-        try:
-            fit = not (x.dtype is not f16 or residual.dtype is not f16 or x.shape != x_shape
-                       or residual.shape != out_shape or not x.is_contiguous() or not residual.is_contiguous()
-                       or x.get_device() != device_index or residual.get_device() != device_index
-                       or (x.data_ptr() | residual.data_ptr()) & 15)
-        except AttributeError:  # not a tensor: the full check says what it is
-            fit = False
-        if not fit:
+        if not fits(x, residual, x_shape, out_shape, device_index):
             x, residual = check(x, residual)
         out = torch.empty_like(residual)  # (M, N) fp16 contiguous on the device: cheaper than torch.empty's arguments
         o_ptr = out.data_ptr()

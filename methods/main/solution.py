@@ -15,11 +15,16 @@ How (kernels.py, pack.py, launch.py):
 - Build repacks the words once: one contiguous block per (N tile, group), each word's nibbles where the wgmma register
   operand holds them, so the dequantized tile stays in registers. An inline-PTX sequence dequantizes two codes per
   32-bit operation (DEQUANT 2); the CPU interpreter runs the pure-Triton equivalent (DEQUANT 1).
-- The K loop is bound by its instruction stream and the latencies in it, not by memory (Nsight Compute on the H200:
-  half of the issue slots busy with about 3.5 warps per scheduler, half of the DRAM bandwidth, no dominant stall;
-  reports/examples/h200-weight-stream): fewer instructions per weight byte sped it up (DEQUANT 3, more with MAXNREG
-  96: the leaner loop, which plans predicted at LEAN_MIN_US or more run); earlier scale loads, the copy engine for
-  the words, and a register cap alone did not.
+- The K loop is not bound by DRAM bandwidth, nor, beyond DEQUANT 3, by its instruction count (Nsight Compute on the
+  H200: half of the issue slots busy with about 3.5 warps per scheduler, half of the DRAM bandwidth, no dominant
+  stall; taking x's stream or the dequant's arithmetic out of a step moved it under 10% either way, dropping the
+  per-step scale load 5-12%: reports/examples/h200-weight-stream). The leaner loop (DEQUANT 3 under MAXNREG 96,
+  five programs per SM instead of four; plans predicted at LEAN_MIN_US or more run it) sped it up; earlier scale
+  loads, the copy engine for the words or for x, two groups a step, wider tiles and a register cap alone did not.
+- Plans predicted at WS_MIN_US (30) or more run the warp-specialized loop of ws.py on Hopper (a
+  producer warp copies each step's words, x tile and row of scales into a shared-memory ring with the copy engine;
+  consumer warps dequantize, multiply and scale, no global load in their loop). The interpreter runs the split-K
+  kernel for those plans.
 - Split-K for small N: the splits add their fp32 partials into a kept (M, N) accumulator and count themselves in per
   tile; the last one applies the epilogue and leaves accumulator and counter at zero. One launch per call.
 - The host path: per M the plan and a launcher of the compiled kernel are made once; a call checks its arguments with
@@ -45,10 +50,10 @@ ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 # 1.3x, evals/stability.py). A plan that the model below predicts faster than DEVICE_BOUND_US (get_config) takes
 # fewer split-K programs until it is not (or one split). The model: a fixed cost, then the bytes at the lesser of the
 # device's rate and the programs'. It is fitted to the GPU times of this kernel under the verifier's schedule on an
-# H200 (reports/examples/h200-verifier-regime): there each call reads inputs new to the caches (512 distinct ones,
-# rewritten before each group), and a program moves about 11 GB/s; with 16 inputs cycled back to back, all of them
-# staying in the L2, about 15. A test holds the model to predict at most 5% over any of those times of the plans that
-# run the default loop (the leaner one runs only far above the floor).
+# H200 (reports/examples/h200-verifier-regime): there the calls cycle 512 distinct inputs (rewritten before each
+# group), and a program moves about 11 GB/s; with 16 inputs cycled back to back, all of them staying in the L2, about
+# 15. A test holds the model to predict at most 5% over, and at median not far under, each of those times of a plan
+# with a fixed split (1 to 4 splits, either loop).
 MODEL_FIXED_US = 4.0
 MODEL_DEVICE_GBPS = 2400.0
 MODEL_PROGRAM_GBPS = 11.0
@@ -69,10 +74,11 @@ def device_bound_split(M, K, N, tiles, split_k, target_us):
 
 # The leaner K loop: DEQUANT 3 under a 96-register cap issues 189 instructions per step instead of 209 and fits 5
 # programs on an SM instead of 4, 1.03-1.28x faster than the default loop on the visible panel (H200, 16 distinct
-# inputs). A plan that already takes at least LEAN_MIN_US of predicted GPU time per call runs it (LEAN_DEQUANT and
-# LEAN_MAXNREG in get_config); a shorter one keeps DEQUANT and MAXNREG, the default loop, whose longer GPU time per
-# call keeps it further from its host cost (the verifier's schedule spread a 17 us leaner plan past its 1.15 gate where
-# the 19 us default one held). The split count is chosen first and stays.
+# inputs; under the verifier's schedule, on one-split expert-batch plans, 0.91-0.95x). A plan that already takes at
+# least LEAN_MIN_US of predicted GPU time per call runs it (LEAN_DEQUANT and LEAN_MAXNREG in get_config); a shorter
+# one keeps DEQUANT and MAXNREG, the default loop, whose longer GPU time per call keeps it further from its host cost
+# (the verifier's schedule spread a 17 us leaner plan past its 1.15 gate where the 19 us default one held). The split
+# count is chosen first and stays.
 
 
 def get_config():
@@ -90,10 +96,16 @@ def get_config():
     # LEAN_MIN_US (0: never) is the least predicted GPU time per call of a GRID 0 plan (any split count; stream-K
     # never) that runs the leaner loop, LEAN_DEQUANT under LEAN_MAXNREG, in place of DEQUANT and MAXNREG; a tier or a
     # call that sets DEQUANT or MAXNREG sets the loop of every plan it covers.
+    # WS_MIN_US (0: never) is the least predicted GPU time per call of a GRID 0 plan that runs the warp-specialized
+    # loop (ws.py: a producer warp feeding the words, x and scales through the copy engine, BLOCK_SIZE_N // 16
+    # consumer warps) on compiled CUDA on Hopper, WS_STAGES ring stages under a WS_MAXNREG register cap, with the
+    # plan's split; it replaces the plan's loop and host path (DEQUANT, MAXNREG, num_warps, num_stages, the SCALE_*
+    # knobs, WEIGHT_TMA and LAUNCH do not apply). BLOCK_SIZE_N 64 (one consumer warpgroup) fits a cap of 64, 128
+    # (two) needs 72; 0 (the compiler's choice) is unmeasured.
     return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 396,
             "DEQUANT": 2, "SCALE_AFTER_DOT": 1, "SCALE_LOAD": 0, "WEIGHT_TMA": 0, "LAUNCH": 2, "GRID": 0,
             "num_warps": 4, "num_stages": 4, "MAXNREG": 0, "DEVICE_BOUND_US": 16, "LEAN_MIN_US": 22,
-            "LEAN_DEQUANT": 3, "LEAN_MAXNREG": 96}
+            "LEAN_DEQUANT": 3, "LEAN_MAXNREG": 96, "WS_MIN_US": 30, "WS_STAGES": 3, "WS_MAXNREG": 64}
 
 
 # Per-shape overrides: the first tier whose N and K ranges hold the shape updates the general plan.
@@ -170,14 +182,17 @@ def plan(M, K, N, overrides=None):
     for key, allowed in _ALLOWED.items():  # exact ints: True or 3.0 would reach the kernel as other constexprs
         if type(config[key]) is not int or config[key] not in allowed:
             raise ValueError(f"{key} must be one of {allowed}; got {config[key]!r}")
-    for key in ("MAXNREG", "LEAN_MAXNREG"):
+    for key in ("MAXNREG", "LEAN_MAXNREG", "WS_MAXNREG"):
         if type(config[key]) is not int or not (config[key] == 0 or 24 <= config[key] <= 255):
             raise ValueError(f"{key} must be 0 (the compiler's choice) or registers per thread in 24..255; got "
                              f"{config[key]!r}")
-    lean_min = config["LEAN_MIN_US"]
-    if type(lean_min) not in (int, float) or not 0 <= lean_min < float("inf"):
-        raise ValueError(f"LEAN_MIN_US must be 0 (never) or the least predicted GPU time in us of a plan that runs "
-                         f"the leaner loop; got {lean_min!r}")
+    for key, what in (("LEAN_MIN_US", "the leaner loop"), ("WS_MIN_US", "the warp-specialized loop")):
+        if type(config[key]) not in (int, float) or not 0 <= config[key] < float("inf"):
+            raise ValueError(f"{key} must be 0 (never) or the least predicted GPU time in us of a plan that runs "
+                             f"{what}; got {config[key]!r}")
+    if type(config["WS_STAGES"]) is not int or not 2 <= config["WS_STAGES"] <= 4:
+        raise ValueError(f"WS_STAGES must be 2, 3 or 4 (stages of the warp-specialized loop's ring); got "
+                         f"{config['WS_STAGES']!r}")
     if config["GRID"] == 1 and config["SPLIT_K"] != 0:
         raise ValueError(f"GRID 1 (stream-K) shares the group steps itself: SPLIT_K must be 0; got {config['SPLIT_K']}")
     block_m = max(16, min(_next_pow2(config["BLOCK_SIZE_M"]), _next_pow2(M)))
@@ -189,7 +204,8 @@ def plan(M, K, N, overrides=None):
     config.update({"M": M, "K": K, "N": N, "BLOCK_SIZE_M": block_m, "BLOCK_SIZE_N": block_n, "M_TILES": m_tiles,
                    "N_TILES": n_tiles})
     if config["GRID"] == 1:  # MIN_PROGRAMS programs share the steps (0: as many as fit at once, set at launch)
-        config.update({"SPLIT_K": 1, "PROGRAMS": max(0, min(int(config["MIN_PROGRAMS"]), m_tiles * n_tiles * groups))})
+        config.update({"SPLIT_K": 1, "PROGRAMS": max(0, min(int(config["MIN_PROGRAMS"]), m_tiles * n_tiles * groups)),
+                       "WS": 0})
         return config
     split_k = int(config["SPLIT_K"]) or triton.cdiv(int(config["MIN_PROGRAMS"]), m_tiles * n_tiles)
     # every split owns at least one whole group; the remainder groups spread one each over some splits
@@ -201,6 +217,10 @@ def plan(M, K, N, overrides=None):
     pinned = {"DEQUANT", "MAXNREG"} & (set(overrides or {}) | set(tier))  # a tier's or a call's loop holds
     if config["LEAN_MIN_US"] and config["PREDICTED_US"] >= config["LEAN_MIN_US"] and not pinned:
         config["DEQUANT"], config["MAXNREG"] = config["LEAN_DEQUANT"], config["LEAN_MAXNREG"]
+    # the warp-specialized loop: one consumer warp per 16 columns, a warpgroup or two, and x tiles of at most 32
+    # rows (the fp32 partial of a wider tile would not fit the consumer's registers)
+    config["WS"] = int(bool(config["WS_MIN_US"]) and config["PREDICTED_US"] >= config["WS_MIN_US"]
+                       and block_n in (64, 128) and block_m <= 32)
     return config
 
 
