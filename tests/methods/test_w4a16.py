@@ -493,6 +493,51 @@ def test_the_lean_guard_launches_only_what_the_kernel_assumes_and_hands_the_rest
         assert len(launched) == count
 
 
+def test_the_warp_specialized_call_holds_x_for_its_launch_only_and_its_accumulator_always():
+    """The WS call's host path (``descriptor_call``; on CPU with a stand-in launcher): x's descriptor carries each
+    call's x into the launch and lets go of it afterwards, a failed launch included (holding a caller's tensor
+    between calls keeps its memory alive); the guard is LAUNCH 2's; the accumulator and counters behind the bare
+    addresses live as long as the call."""
+    seen, checked = [], []
+
+    def run(*args):
+        seen.append((args[1].base, args[3:8]))
+        if args[1].base.shape[0] == 3:
+            raise RuntimeError("the launch failed")
+
+    def check(x, residual):
+        checked.append(x)
+        return x.contiguous(), residual
+
+    real = types.SimpleNamespace(shape=[2, 32], strides=[32, 1], padding="zero")
+    accumulator, counters = torch.zeros(2, 64), torch.zeros(1, dtype=torch.int32)
+    alive = [weakref.ref(accumulator), weakref.ref(counters)]
+    bias = torch.zeros(64, dtype=torch.float16)
+    x_desc = LAUNCH.Rebased(real)
+    call = LAUNCH.descriptor_call(run, ("words", x_desc, "scales"), (2, 32), (2, 64),
+                                  types.SimpleNamespace(index=-1), bias, (accumulator, counters), (2, 64, 32), check)
+    del accumulator, counters
+    gc.collect()
+    assert all(ref() is not None for ref in alive), "the call dropped the tensors its addresses point into"
+    x, residual = torch.zeros(2, 32, dtype=torch.float16), torch.zeros(2, 64, dtype=torch.float16)
+    out = call(x, residual)
+    assert seen[-1][0] is x and x_desc.base is None and not checked
+    assert seen[-1][1] == (bias.data_ptr(), residual.data_ptr(), out.data_ptr(), alive[0]().data_ptr(),
+                           alive[1]().data_ptr())
+    assert (x_desc.shape, x_desc.strides, x_desc.padding) == ([2, 32], [32, 1], "zero")
+    strided = torch.zeros(2, 64, dtype=torch.float16)[:, :32]
+    call(strided, residual)
+    assert checked[-1] is strided and seen[-1][0] is not strided and seen[-1][0].is_contiguous()
+    failing = LAUNCH.descriptor_call(run, ("words", x_desc, "scales"), (3, 32), (3, 64),
+                                     types.SimpleNamespace(index=-1), bias, None, (), check)
+    with pytest.raises(RuntimeError, match="the launch failed"):
+        failing(torch.zeros(3, 32, dtype=torch.float16), torch.zeros(3, 64, dtype=torch.float16))
+    assert x_desc.base is None, "a failed launch left the caller's x in the descriptor"
+    del call
+    gc.collect()
+    assert all(ref() is None for ref in alive)
+
+
 HOPPER_SHARED_BYTES = 232448  # the most shared memory one program may use on an H100/H200 (227 KiB)
 
 

@@ -93,12 +93,19 @@ def ws_call(cfg, M, K, N, activation, weights, kept, x, residual, check):
     accumulator, counters = kept or (out, out)
     compiled_kernel = w4a16_ws_kernel.warmup(q_desc, x_desc, s_desc, bias, residual, out, accumulator, counters, M, N,
                                              K, grid=grid, **constants, **options)
-    x_desc = Rebased(x_desc)
     run = compiled_launcher(compiled_kernel, grid, device.index, bare=True)
+    return descriptor_call(run, (q_desc, Rebased(x_desc), s_desc), (M, K), (M, N), device, bias, kept,
+                           (M, N, K, *constants.values()), check)
+
+
+def descriptor_call(run, descriptors, x_shape, out_shape, device, bias, kept, tail, check):
+    """The warp-specialized kernel's call: LAUNCH 2's guard and bare addresses, with the words', x's and the scales'
+    descriptors first. x's descriptor (a ``Rebased``) holds each call's x for its launch only, a failed launch
+    included; the call holds the accumulator and counters behind their addresses, as ``address_call`` does."""
+    q_desc, x_desc, s_desc = descriptors
     b_ptr = bias.data_ptr()
     a_ptr, c_ptr = (kept[0].data_ptr(), kept[1].data_ptr()) if kept else (0, 0)
-    tail = (M, N, K, *constants.values())
-    x_shape, out_shape, device_index = (M, K), (M, N), device.index
+    device_index = device.index
 
     def call(x, residual):
         if not fits(x, residual, x_shape, out_shape, device_index):
