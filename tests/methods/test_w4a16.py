@@ -334,10 +334,12 @@ def test_inputs_unchanged():
         assert torch.equal(a, b)
 
 
-def test_non_contiguous_and_misaligned_inputs():
+@pytest.mark.parametrize("config", [None, {"WS_MIN_US": 1}])  # LAUNCH 2's path, and the WS call's on Hopper
+def test_non_contiguous_and_misaligned_inputs(config):
     case = kh.Case("layout", 18, 384, 256, "silu", 8)
     t = kh.generate(case, "normal", DEVICE)
-    fn = S.build(t.qweight, t.scales, t.bias, case.epilogue)
+    assert config is None or S.plan(case.m, case.k, case.n, config)["WS"] == 1
+    fn = S.build(t.qweight, t.scales, t.bias, case.epilogue, config=config)
     ref = kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
     x_t = t.x.t().contiguous().t()  # same values, column-major
     flat = torch.empty(t.residual.numel() + 1, dtype=torch.float16, device=DEVICE)
@@ -360,11 +362,12 @@ def test_validation_errors():
                         (t.x, t.residual.float()), (t.x[:0], t.residual[:0])):
         with pytest.raises(ValueError, match="must be fp16|at least one row"):
             fn(x, residual)
-    if DEVICE.type == "cuda":  # LAUNCH 2 passes bare addresses, which the launcher cannot check: every call does
-        raw = S.build(t.qweight, t.scales, t.bias, "silu", config={"LAUNCH": 2})
-        raw(t.x, t.residual)
-        with pytest.raises(ValueError, match="must be on"):
-            raw(t.x.cpu(), t.residual)
+    if DEVICE.type == "cuda":  # LAUNCH 2 and the WS call pass bare addresses, which the launcher cannot check
+        for config in ({"LAUNCH": 2}, {"WS_MIN_US": 1}):
+            raw = S.build(t.qweight, t.scales, t.bias, "silu", config=config)
+            raw(t.x, t.residual)
+            with pytest.raises(ValueError, match="must be on"):
+                raw(t.x.cpu(), t.residual)
     else:  # the interpreter reads tensors, never addresses: the first call of an M checks the devices
         with pytest.raises(ValueError, match="must be on"):
             S.build(t.qweight, t.scales, t.bias, "silu")(t.x.to("meta"), t.residual.to("meta"))
@@ -493,47 +496,51 @@ def test_the_lean_guard_launches_only_what_the_kernel_assumes_and_hands_the_rest
         assert len(launched) == count
 
 
-def test_the_warp_specialized_call_holds_x_for_its_launch_only_and_its_accumulator_always():
-    """The WS call's host path (``descriptor_call``; on CPU with a stand-in launcher): x's descriptor carries each
-    call's x into the launch and lets go of it afterwards, a failed launch included (holding a caller's tensor
-    between calls keeps its memory alive); the guard is LAUNCH 2's; the accumulator and counters behind the bare
-    addresses live as long as the call."""
-    seen, checked = [], []
+def test_the_warp_specialized_call_passes_what_the_launcher_encodes_and_holds_no_caller_tensor():
+    """The WS call's host path (``descriptor_call``; on CPU with a stand-in launcher): every argument in the kernel's
+    order; each call's x in a descriptor of its own that triton 3.6's launcher encodes exactly as the real one the
+    kernel was compiled for (same shape, strides, padding); nothing holds a caller's x after the call; the guard is
+    LAUNCH 2's; the accumulator and counters behind the bare addresses live as long as the call."""
+    from triton.backends.nvidia.driver import make_tensordesc_arg
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    def run(*args):
-        seen.append((args[1].base, args[3:8]))
-        if args[1].base.shape[0] == 3:
-            raise RuntimeError("the launch failed")
+    launched, checked = [], []
 
     def check(x, residual):
         checked.append(x)
         return x.contiguous(), residual
 
-    real = types.SimpleNamespace(shape=[2, 32], strides=[32, 1], padding="zero")
-    accumulator, counters = torch.zeros(2, 64), torch.zeros(1, dtype=torch.int32)
+    M, K, N = 2, 256, 64
+    x_layout = sys.modules[S.__name__.rpartition(".")[0] + ".ws"].shared_layouts(16, N, K)[1]
+    real = TensorDescriptor(torch.zeros(M, K, dtype=torch.float16), [M, K], [K, 1], [16, K], x_layout)
+    accumulator, counters = torch.zeros(M, N), torch.zeros(1, dtype=torch.int32)
     alive = [weakref.ref(accumulator), weakref.ref(counters)]
-    bias = torch.zeros(64, dtype=torch.float16)
-    x_desc = LAUNCH.Rebased(real)
-    call = LAUNCH.descriptor_call(run, ("words", x_desc, "scales"), (2, 32), (2, 64),
-                                  types.SimpleNamespace(index=-1), bias, (accumulator, counters), (2, 64, 32), check)
+    bias = torch.zeros(N, dtype=torch.float16)
+    call = LAUNCH.descriptor_call(lambda *args: launched.append(args), ("words", real, "scales"), (M, K), (M, N),
+                                  types.SimpleNamespace(index=-1), bias, (accumulator, counters), (M, N, K, 7), check)
     del accumulator, counters
     gc.collect()
     assert all(ref() is not None for ref in alive), "the call dropped the tensors its addresses point into"
-    x, residual = torch.zeros(2, 32, dtype=torch.float16), torch.zeros(2, 64, dtype=torch.float16)
+    x, residual = torch.ones(M, K, dtype=torch.float16), torch.zeros(M, N, dtype=torch.float16)
     out = call(x, residual)
-    assert seen[-1][0] is x and x_desc.base is None and not checked
-    assert seen[-1][1] == (bias.data_ptr(), residual.data_ptr(), out.data_ptr(), alive[0]().data_ptr(),
-                           alive[1]().data_ptr())
-    assert (x_desc.shape, x_desc.strides, x_desc.padding) == ([2, 32], [32, 1], "zero")
-    strided = torch.zeros(2, 64, dtype=torch.float16)[:, :32]
+    args = launched[-1]
+    assert args[0] == "words" and args[2] == "scales" and args[8:] == (M, N, K, 7) and not checked
+    assert args[3:8] == (bias.data_ptr(), residual.data_ptr(), out.data_ptr(), alive[0]().data_ptr(),
+                         alive[1]().data_ptr())
+    assert args[1].base is x
+    assert make_tensordesc_arg(args[1], None) == make_tensordesc_arg(
+        TensorDescriptor(x, real.shape, real.strides, real.block_shape, real.layout), None)
+    x_ref = weakref.ref(x)
+    del x, args
+    launched.clear()
+    gc.collect()
+    assert x_ref() is None, "the call held the caller's x after it returned"
+    strided = torch.zeros(M, 2 * K, dtype=torch.float16)[:, :K]
     call(strided, residual)
-    assert checked[-1] is strided and seen[-1][0] is not strided and seen[-1][0].is_contiguous()
-    failing = LAUNCH.descriptor_call(run, ("words", x_desc, "scales"), (3, 32), (3, 64),
-                                     types.SimpleNamespace(index=-1), bias, None, (), check)
-    with pytest.raises(RuntimeError, match="the launch failed"):
-        failing(torch.zeros(3, 32, dtype=torch.float16), torch.zeros(3, 64, dtype=torch.float16))
-    assert x_desc.base is None, "a failed launch left the caller's x in the descriptor"
-    del call
+    assert checked[-1] is strided and launched[-1][1].base is not strided and launched[-1][1].base.is_contiguous()
+    call(torch.zeros(M, K, dtype=torch.float16), residual)
+    assert launched[-2][1] is not launched[-1][1], "two calls shared one descriptor"
+    del call, launched[:]
     gc.collect()
     assert all(ref() is None for ref in alive)
 

@@ -99,8 +99,8 @@ def get_config():
     # WS_MIN_US (0: never) is the least predicted GPU time per call of a GRID 0 plan that runs the warp-specialized
     # loop (ws.py: a producer warp feeding the words, x and scales through the copy engine, BLOCK_SIZE_N // 16
     # consumer warps) on compiled CUDA on Hopper, WS_STAGES ring stages under a WS_MAXNREG register cap, with the
-    # plan's split; it replaces the plan's loop and host path (DEQUANT, MAXNREG, num_warps, num_stages, the SCALE_*
-    # knobs, WEIGHT_TMA and LAUNCH do not apply). BLOCK_SIZE_N 64 (one consumer warpgroup) fits a cap of 64, 128
+    # plan's split; it replaces the plan's loop (DEQUANT, MAXNREG, num_warps, num_stages, the SCALE_* knobs and
+    # WEIGHT_TMA do not apply) and always takes LAUNCH 2's lean host path, whatever LAUNCH says. BLOCK_SIZE_N 64 (one consumer warpgroup) fits a cap of 64, 128
     # (two) needs 72; 0 (the compiler's choice) is unmeasured.
     return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 396,
             "DEQUANT": 2, "SCALE_AFTER_DOT": 1, "SCALE_LOAD": 0, "WEIGHT_TMA": 0, "LAUNCH": 2, "GRID": 0,
