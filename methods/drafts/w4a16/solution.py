@@ -100,8 +100,8 @@ def get_config():
     # loop (ws.py: a producer warp feeding the words, x and scales through the copy engine, BLOCK_SIZE_N // 16
     # consumer warps) on compiled CUDA on Hopper, WS_STAGES ring stages under a WS_MAXNREG register cap, with the
     # plan's split; it replaces the plan's loop (DEQUANT, MAXNREG, num_warps, num_stages, the SCALE_* knobs and
-    # WEIGHT_TMA do not apply) and always takes LAUNCH 2's lean host path, whatever LAUNCH says. BLOCK_SIZE_N 64 (one consumer warpgroup) fits a cap of 64, 128
-    # (two) needs 72; 0 (the compiler's choice) is unmeasured.
+    # WEIGHT_TMA do not apply) and always takes LAUNCH 2's lean host path, whatever LAUNCH says. BLOCK_SIZE_N 64
+    # (one consumer warpgroup) fits a cap of 64, 128 (two) needs 72; 0 (the compiler's choice) is unmeasured.
     return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 396,
             "DEQUANT": 2, "SCALE_AFTER_DOT": 1, "SCALE_LOAD": 0, "WEIGHT_TMA": 0, "LAUNCH": 2, "GRID": 0,
             "num_warps": 4, "num_stages": 4, "MAXNREG": 0, "DEVICE_BOUND_US": 16, "LEAN_MIN_US": 22,
