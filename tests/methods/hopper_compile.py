@@ -195,6 +195,10 @@ def main(solution: str) -> None:
     # the default loop where the visible plans run the leaner one: unsplit, and on the widest tier (3 stages)
     jobs += [(cases[0], {"SPLIT_K": 1, "LEAN_MIN_US": 0})]
     jobs += [(case, {"LEAN_MIN_US": 0}) for case in cases if case.n >= module.TIERS[0]["N_MIN"]][:1]
+    # the split-K plans of the warp-specialized shapes before their one-wave cap (what non-Hopper GPUs would run
+    # with WS_MAX_PROGRAMS 0), both loops
+    jobs += [(case, {"WS_MAX_PROGRAMS": 0, **lean}) for case in cases for lean in ({}, {"LEAN_MIN_US": 0})
+             if module.plan(case.m, case.k, case.n)["WS"]]
     jobs += [(cases[0], {"DEQUANT": d}) for d in (2, 3)] + [(cases[0], {"SCALE_AFTER_DOT": 0})]
     # the scales loaded a step early, or as pairs the pipeline streams before the dot; the words through a descriptor
     jobs += [(cases[0], {"SCALE_LOAD": 1}), (cases[0], {"SCALE_LOAD": 2, "SCALE_AFTER_DOT": 0}),

@@ -136,7 +136,8 @@ VISIBLE = [(c.m, c.k, c.n) for c in kh.load_panel("visible")]
 
 def test_plans_of_the_visible_shapes():
     for m, k, n in VISIBLE:
-        free, cfg = S.plan(m, k, n, {"DEVICE_BOUND_US": 0}), S.plan(m, k, n)
+        # the split-K plan (WS_MAX_PROGRAMS 0: the warp-specialized plans' one-wave cap has its own test)
+        free, cfg = S.plan(m, k, n, {"DEVICE_BOUND_US": 0, "WS_MAX_PROGRAMS": 0}), S.plan(m, k, n, {"WS_MAX_PROGRAMS": 0})
         # the fewest splits that give MIN_PROGRAMS programs (132 SMs: 2 to 5 per SM), never past one group per split
         tiles, target = free["M_TILES"] * free["N_TILES"], free["MIN_PROGRAMS"]
         assert 132 <= target <= 5 * 132 and free["GRID"] == 0
@@ -172,6 +173,35 @@ def test_plans_of_ws_min_us_and_more_run_the_warp_specialized_loop():
         assert S.plan(m, k, n, {"WS_MIN_US": 30, "GRID": 1})["WS"] == 0
         assert S.plan(m, k, n, {"WS_MIN_US": 1, "BLOCK_SIZE_N": 256})["WS"] == 0
     assert [S.plan(m, k, n, {"WS_MIN_US": 30})["WS"] for m, k, n in VISIBLE].count(1) == 2  # the 117 MB weights
+
+
+def test_warp_specialized_plans_take_the_most_splits_that_keep_one_wave():
+    """WS_MAX_PROGRAMS caps a WS plan's tiles x splits where SPLIT_K is 0, down to one split: the split-K plan's count
+    where it fits, else the most splits that fit; a fixed SPLIT_K, a plan without WS and a cap of 0 keep the split
+    the split-K plan takes, and so does the predicted time that chose the loop."""
+    cap = S.get_config()["WS_MAX_PROGRAMS"]
+    assert cap == 528
+    shapes = VISIBLE + [(1, 8192, 28672), (5, 28672, 1024), (64, 28672, 8192), (32, 57344, 4096)]
+    seen = set()
+    for m, k, n in shapes:
+        for extra in ({}, {"WS_MIN_US": 1}, {"WS_MIN_US": 1, "WS_MAX_PROGRAMS": 100}):
+            cfg, free = S.plan(m, k, n, extra), S.plan(m, k, n, {**extra, "WS_MAX_PROGRAMS": 0})
+            tiles, limit = cfg["M_TILES"] * cfg["N_TILES"], cfg["WS_MAX_PROGRAMS"]
+            assert cfg["PREDICTED_US"] == free["PREDICTED_US"] and cfg["WS"] == free["WS"], (m, k, n, extra)
+            if not cfg["WS"]:
+                assert cfg["SPLIT_K"] == free["SPLIT_K"]
+                continue
+            fits = max(1, min(free["SPLIT_K"], limit // tiles))
+            assert cfg["SPLIT_K"] == fits, (m, k, n, extra, cfg["SPLIT_K"], free["SPLIT_K"])
+            assert tiles * cfg["SPLIT_K"] <= limit or cfg["SPLIT_K"] == 1
+            seen.add((cfg["SPLIT_K"] < free["SPLIT_K"], cfg["SPLIT_K"] == 1))
+            fixed = S.plan(m, k, n, {**extra, "SPLIT_K": 3})
+            assert fixed["SPLIT_K"] == 3 and fixed["WS"] == cfg["WS"]
+    assert {(True, True), (False, False), (True, False)} <= seen  # capped to one, unchanged, capped above one
+    assert S.plan(24, 8192, 28672)["SPLIT_K"] == 1 and S.plan(32, 28672, 8192)["SPLIT_K"] == 4
+    for bad in (-1, 1.5, "528", None):
+        with pytest.raises(ValueError, match="^WS_MAX_PROGRAMS must be 0"):
+            S.plan(18, 256, 256, {"WS_MAX_PROGRAMS": bad})
 
 
 @pytest.mark.gpu
@@ -574,6 +604,8 @@ SM90_EXPECTED = {  # (kernel, split?, stages, dequant, scale after dot, scale lo
     ("w4a16_splitk_kernel", False, 4, 2, 1, 0, 0, 0): ({95}, {195}, 45056),
     ("w4a16_splitk_kernel", True, 3, 3, 1, 0, 0, 96): ({91}, {189}, 32768),
     ("w4a16_splitk_kernel", False, 4, 3, 1, 0, 0, 96): ({91}, {194}, 45056),
+    ("w4a16_splitk_kernel", False, 3, 3, 1, 0, 0, 96): ({91}, {196}, 32768),
+    ("w4a16_splitk_kernel", False, 3, 2, 1, 0, 0, 0): ({95}, {195}, 32768),
     ("w4a16_splitk_kernel", True, 4, 3, 1, 0, 0, 0): ({104}, {194}, 45056),
     ("w4a16_splitk_kernel", True, 4, 2, 0, 0, 0, 0): ({80}, {255}, 45056),
     ("w4a16_splitk_kernel", True, 4, 2, 1, 1, 0, 0): ({124}, {215}, 45056),
@@ -589,17 +621,19 @@ def test_the_warp_specialized_loop_compiles_for_hopper_as_the_prototype_measured
     """ws.py compiled to sm90 machine code for the plans WS_MIN_US 30 gives it (the 117 MB weights), with two
     consumer warpgroups, and for one row of x: the words, x and scales through the copy engine, one wgmma wait and
     147-149 instructions per step in the consumer with 32-row x tiles (the prototype's 146-150; 16-row tiles scale
-    half the partial), no spills, a barrier between the last split's reads of the sums and their zeroing."""
+    half the partial), no spills, and in a split plan a barrier between the last split's reads of the sums and their
+    zeroing. One wave of programs (WS_MAX_PROGRAMS 528) leaves 24x8192x28672 and one row of x unsplit."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, str(Path(__file__).with_name("hopper_compile.py")), str(FAMILY), "--ws"],
                          capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-3000:]
     compiled = json.loads(run.stdout)
     assert [(k["case"], k["block_n"], k["split_k"]) for k in compiled] == [
-        ("24x8192x28672-gelu_tanh", 64, 2), ("32x28672x8192-silu", 64, 4), ("24x8192x28672-gelu_tanh", 128, 3),
-        ("1x8192x28672-gelu_tanh", 64, 2)]
+        ("24x8192x28672-gelu_tanh", 64, 1), ("32x28672x8192-silu", 64, 4), ("24x8192x28672-gelu_tanh", 128, 2),
+        ("1x8192x28672-gelu_tanh", 64, 1)]
     for kernel in compiled:
-        assert kernel["tma"] and kernel["f16x2_dequant"] and kernel["barrier_after_reads"], kernel
+        assert kernel["tma"] and kernel["f16x2_dequant"], kernel
+        assert kernel["barrier_after_reads"] == (kernel["split_k"] > 1), kernel
         assert kernel["wgmma_waits"] == 1 and 125 <= kernel["loop_sass"] <= 155, kernel
         assert kernel["local_memory"] == 0 and kernel["registers"] == kernel["maxnreg"], kernel
         assert kernel["shared"] <= HOPPER_SHARED_BYTES, kernel

@@ -102,10 +102,15 @@ def get_config():
     # plan's split; it replaces the plan's loop (DEQUANT, MAXNREG, num_warps, num_stages, the SCALE_* knobs and
     # WEIGHT_TMA do not apply) and always takes LAUNCH 2's lean host path, whatever LAUNCH says. BLOCK_SIZE_N 64
     # (one consumer warpgroup) fits a cap of 64, 128 (two) needs 72; 0 (the compiler's choice) is unmeasured.
+    # WS_MAX_PROGRAMS (0: no cap) caps a WS plan's programs (tiles x splits) where SPLIT_K is 0: it takes the most
+    # splits, down to one, that keep the grid at or under the cap. 528 is what an H200 holds at once with BLOCK_SIZE_N
+    # 64 under a cap of 64 (4 programs of 8 warps, the producer's padded to a warpgroup, on each of 132 SMs): a
+    # second, partial wave of programs costs more than the splits it adds.
     return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 396,
             "DEQUANT": 2, "SCALE_AFTER_DOT": 1, "SCALE_LOAD": 0, "WEIGHT_TMA": 0, "LAUNCH": 2, "GRID": 0,
             "num_warps": 4, "num_stages": 4, "MAXNREG": 0, "DEVICE_BOUND_US": 16, "LEAN_MIN_US": 22,
-            "LEAN_DEQUANT": 3, "LEAN_MAXNREG": 96, "WS_MIN_US": 30, "WS_STAGES": 3, "WS_MAXNREG": 64}
+            "LEAN_DEQUANT": 3, "LEAN_MAXNREG": 96, "WS_MIN_US": 30, "WS_STAGES": 3, "WS_MAXNREG": 64,
+            "WS_MAX_PROGRAMS": 528}
 
 
 # Per-shape overrides: the first tier whose N and K ranges hold the shape updates the general plan.
@@ -138,6 +143,10 @@ SEARCH_SPACE = {
                               "lengthens the loop): more warps to hide the loop's latencies; plans under "
                               "LEAN_MIN_US, or every plan with LEAN_MIN_US 0 (LEAN_MAXNREG above it)"},
         "LEAN_DEQUANT": {"values": [3, 2], "reason": "the dequant of the plans at LEAN_MIN_US and more"},
+        "WS_MAX_PROGRAMS": {"values": [528, 0, 264], "unmeasured": [264],
+                            "reason": "the warp-specialized plans' splits kept to one wave of programs (528 on an "
+                                      "H200 with 64-column tiles, 264 with 128): no partial second wave, fewer "
+                                      "accumulator atomics"},
         "LEAN_MAXNREG": {"values": [96, 0, 88], "reason": "the register cap of the plans at LEAN_MIN_US and more"},
         "LEAN_MIN_US": {"values": [0, 18, 20, 22, 24, 30],
                         "reason": "a lower threshold runs the leaner loop (LEAN_DEQUANT, LEAN_MAXNREG) on more "
@@ -190,6 +199,9 @@ def plan(M, K, N, overrides=None):
         if type(config[key]) not in (int, float) or not 0 <= config[key] < float("inf"):
             raise ValueError(f"{key} must be 0 (never) or the least predicted GPU time in us of a plan that runs "
                              f"{what}; got {config[key]!r}")
+    if type(config["WS_MAX_PROGRAMS"]) is not int or config["WS_MAX_PROGRAMS"] < 0:
+        raise ValueError(f"WS_MAX_PROGRAMS must be 0 (no cap) or the most programs of a warp-specialized plan, an int; "
+                         f"got {config['WS_MAX_PROGRAMS']!r}")
     if type(config["WS_STAGES"]) is not int or not 2 <= config["WS_STAGES"] <= 4:
         raise ValueError(f"WS_STAGES must be 2, 3 or 4 (stages of the warp-specialized loop's ring); got "
                          f"{config['WS_STAGES']!r}")
@@ -207,10 +219,11 @@ def plan(M, K, N, overrides=None):
         config.update({"SPLIT_K": 1, "PROGRAMS": max(0, min(int(config["MIN_PROGRAMS"]), m_tiles * n_tiles * groups)),
                        "WS": 0})
         return config
+    fixed_split = bool(config["SPLIT_K"])
     split_k = int(config["SPLIT_K"]) or triton.cdiv(int(config["MIN_PROGRAMS"]), m_tiles * n_tiles)
     # every split owns at least one whole group; the remainder groups spread one each over some splits
     split_k = max(1, min(split_k, groups))
-    if not config["SPLIT_K"] and config["DEVICE_BOUND_US"] > 0:  # a fixed SPLIT_K is taken as given
+    if not fixed_split and config["DEVICE_BOUND_US"] > 0:  # a fixed SPLIT_K is taken as given
         split_k = device_bound_split(M, K, N, m_tiles * n_tiles, split_k, config["DEVICE_BOUND_US"])
     config["SPLIT_K"] = split_k
     config["PREDICTED_US"] = predicted_us(M, K, N, m_tiles * n_tiles * split_k)
@@ -221,6 +234,9 @@ def plan(M, K, N, overrides=None):
     # rows (the fp32 partial of a wider tile would not fit the consumer's registers)
     config["WS"] = int(bool(config["WS_MIN_US"]) and config["PREDICTED_US"] >= config["WS_MIN_US"]
                        and block_n in (64, 128) and block_m <= 32)
+    # one wave of WS programs; PREDICTED_US, which chose the loop, stays that of the split-K plan
+    if config["WS"] and config["WS_MAX_PROGRAMS"] and not fixed_split:
+        config["SPLIT_K"] = max(1, min(split_k, config["WS_MAX_PROGRAMS"] // (m_tiles * n_tiles)))
     return config
 
 
