@@ -137,7 +137,8 @@ VISIBLE = [(c.m, c.k, c.n) for c in kh.load_panel("visible")]
 def test_plans_of_the_visible_shapes():
     for m, k, n in VISIBLE:
         # the split-K plan (WS_MAX_PROGRAMS 0: the warp-specialized plans' one-wave cap has its own test)
-        free, cfg = S.plan(m, k, n, {"DEVICE_BOUND_US": 0, "WS_MAX_PROGRAMS": 0}), S.plan(m, k, n, {"WS_MAX_PROGRAMS": 0})
+        uncapped = {"WS_MAX_PROGRAMS": 0}
+        free, cfg = S.plan(m, k, n, {"DEVICE_BOUND_US": 0, **uncapped}), S.plan(m, k, n, uncapped)
         # the fewest splits that give MIN_PROGRAMS programs (132 SMs: 2 to 5 per SM), never past one group per split
         tiles, target = free["M_TILES"] * free["N_TILES"], free["MIN_PROGRAMS"]
         assert 132 <= target <= 5 * 132 and free["GRID"] == 0
