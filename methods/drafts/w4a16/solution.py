@@ -23,8 +23,8 @@ How (kernels.py, pack.py, launch.py):
   loads, the copy engine for the words or for x, two groups a step, wider tiles and a register cap alone did not.
 - Plans predicted at WS_MIN_US (30) or more run the warp-specialized loop of ws.py on Hopper (a
   producer warp copies each step's words, x tile and row of scales into a shared-memory ring with the copy engine;
-  consumer warps dequantize, multiply and scale, no global load in their loop). The interpreter runs the split-K
-  kernel for those plans.
+  consumer warps dequantize, multiply and scale, no global load in their loop), their splits kept to one wave of
+  programs (WS_MAX_PROGRAMS). The interpreter runs the split-K kernel for those plans, with the same split.
 - Split-K for small N: the splits add their fp32 partials into a kept (M, N) accumulator and count themselves in per
   tile; the last one applies the epilogue and leaves accumulator and counter at zero. One launch per call.
 - The host path: per M the plan and a launcher of the compiled kernel are made once; a call checks its arguments with
