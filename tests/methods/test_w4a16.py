@@ -177,30 +177,33 @@ def test_plans_of_ws_min_us_and_more_run_the_warp_specialized_loop():
 
 
 def test_warp_specialized_plans_take_the_most_splits_that_keep_one_wave():
-    """WS_MAX_PROGRAMS caps a WS plan's tiles x splits where SPLIT_K is 0, down to one split: the split-K plan's count
-    where it fits, else the most splits that fit; a fixed SPLIT_K, a plan without WS and a cap of 0 keep the split
-    the split-K plan takes, and so does the predicted time that chose the loop."""
-    cap = S.get_config()["WS_MAX_PROGRAMS"]
-    assert cap == 528
-    shapes = VISIBLE + [(1, 8192, 28672), (5, 28672, 1024), (64, 28672, 8192), (32, 57344, 4096)]
+    """WS_MAX_PROGRAMS is one wave of a WS plan's tiles x splits. Where SPLIT_K is 0 and the split-K plan's grid is
+    larger, the split drops to the most that fit (down to one) if that grid still fills WS_WAVE_FILL of the wave, and
+    PREDICTED_US is the smaller grid's; a grid that would fill less keeps its split. A fixed SPLIT_K, a plan without
+    WS, a grid within the wave and a cap of 0 keep the split-K plan's split, and the loop that plan chose."""
+    cap, fill = S.get_config()["WS_MAX_PROGRAMS"], S.WS_WAVE_FILL
+    assert cap == 528 and 0 < fill < 1
+    shapes = VISIBLE + [(1, 8192, 28672), (5, 28672, 1024), (64, 28672, 8192), (32, 57344, 4096), (22, 9088, 18176),
+                        (25, 19072, 12032)]
     seen = set()
     for m, k, n in shapes:
         for extra in ({}, {"WS_MIN_US": 1}, {"WS_MIN_US": 1, "WS_MAX_PROGRAMS": 100}):
             cfg, free = S.plan(m, k, n, extra), S.plan(m, k, n, {**extra, "WS_MAX_PROGRAMS": 0})
-            tiles, limit = cfg["M_TILES"] * cfg["N_TILES"], cfg["WS_MAX_PROGRAMS"]
-            assert cfg["PREDICTED_US"] == free["PREDICTED_US"] and cfg["WS"] == free["WS"], (m, k, n, extra)
-            if not cfg["WS"]:
-                assert cfg["SPLIT_K"] == free["SPLIT_K"]
-                continue
-            fits = max(1, min(free["SPLIT_K"], limit // tiles))
-            assert cfg["SPLIT_K"] == fits, (m, k, n, extra, cfg["SPLIT_K"], free["SPLIT_K"])
-            assert tiles * cfg["SPLIT_K"] <= limit or cfg["SPLIT_K"] == 1
-            seen.add((cfg["SPLIT_K"] < free["SPLIT_K"], cfg["SPLIT_K"] == 1))
+            tiles, wave = cfg["M_TILES"] * cfg["N_TILES"], cfg["WS_MAX_PROGRAMS"]
+            assert (cfg["WS"], cfg["DEQUANT"], cfg["MAXNREG"]) == (free["WS"], free["DEQUANT"], free["MAXNREG"])
+            assert cfg["PREDICTED_US"] == S.predicted_us(m, k, n, tiles * cfg["SPLIT_K"])
+            fitting = max(1, min(free["SPLIT_K"], wave // tiles))
+            capped = cfg["WS"] and tiles * free["SPLIT_K"] > wave and tiles * fitting >= fill * wave
+            assert cfg["SPLIT_K"] == (fitting if capped else free["SPLIT_K"]), (m, k, n, extra, cfg["SPLIT_K"])
+            if cfg["WS"]:
+                seen.add("capped to one" if capped and fitting == 1 else "capped above one" if capped
+                         else "under-filled, kept" if tiles * free["SPLIT_K"] > wave else "within the wave")
             fixed = S.plan(m, k, n, {**extra, "SPLIT_K": 3})
-            assert fixed["SPLIT_K"] == 3 and fixed["WS"] == cfg["WS"]
-    assert {(True, True), (False, False), (True, False)} <= seen  # capped to one, unchanged, capped above one
+            assert fixed["SPLIT_K"] == 3 and fixed["WS"] == S.plan(m, k, n, {**extra, "SPLIT_K": 3,
+                                                                            "WS_MAX_PROGRAMS": 0})["WS"]
+    assert seen == {"capped to one", "capped above one", "under-filled, kept", "within the wave"}
     assert S.plan(24, 8192, 28672)["SPLIT_K"] == 1 and S.plan(32, 28672, 8192)["SPLIT_K"] == 4
-    for bad in (-1, 1.5, "528", None):
+    for bad in (-1, 1.5, "528", None, True, False):
         with pytest.raises(ValueError, match="^WS_MAX_PROGRAMS must be 0"):
             S.plan(18, 256, 256, {"WS_MAX_PROGRAMS": bad})
 
@@ -623,7 +626,8 @@ def test_the_warp_specialized_loop_compiles_for_hopper_as_the_prototype_measured
     consumer warpgroups, and for one row of x: the words, x and scales through the copy engine, one wgmma wait and
     147-149 instructions per step in the consumer with 32-row x tiles (the prototype's 146-150; 16-row tiles scale
     half the partial), no spills, and in a split plan a barrier between the last split's reads of the sums and their
-    zeroing. One wave of programs (WS_MAX_PROGRAMS 528) leaves 24x8192x28672 and one row of x unsplit."""
+    zeroing. One wave of programs (WS_MAX_PROGRAMS 528) leaves 24x8192x28672 and one row of x unsplit; one row is
+    compiled at its split-K plan's 2 splits too."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, str(Path(__file__).with_name("hopper_compile.py")), str(FAMILY), "--ws"],
                          capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
@@ -631,7 +635,7 @@ def test_the_warp_specialized_loop_compiles_for_hopper_as_the_prototype_measured
     compiled = json.loads(run.stdout)
     assert [(k["case"], k["block_n"], k["split_k"]) for k in compiled] == [
         ("24x8192x28672-gelu_tanh", 64, 1), ("32x28672x8192-silu", 64, 4), ("24x8192x28672-gelu_tanh", 128, 2),
-        ("1x8192x28672-gelu_tanh", 64, 1)]
+        ("1x8192x28672-gelu_tanh", 64, 1), ("1x8192x28672-gelu_tanh", 64, 2)]
     for kernel in compiled:
         assert kernel["tma"] and kernel["f16x2_dequant"], kernel
         assert kernel["barrier_after_reads"] == (kernel["split_k"] > 1), kernel

@@ -24,7 +24,8 @@ How (kernels.py, pack.py, launch.py):
 - Plans predicted at WS_MIN_US (30) or more run the warp-specialized loop of ws.py on Hopper (a
   producer warp copies each step's words, x tile and row of scales into a shared-memory ring with the copy engine;
   consumer warps dequantize, multiply and scale, no global load in their loop), their splits kept to one wave of
-  programs (WS_MAX_PROGRAMS). The interpreter runs the split-K kernel for those plans, with the same split.
+  programs where that wave stays full enough (WS_MAX_PROGRAMS). Elsewhere (the interpreter, other GPUs) the
+  split-K kernel runs those plans, with the same split.
 - Split-K for small N: the splits add their fp32 partials into a kept (M, N) accumulator and count themselves in per
   tile; the last one applies the epilogue and leaves accumulator and counter at zero. One launch per call.
 - The host path: per M the plan and a launcher of the compiled kernel are made once; a call checks its arguments with
@@ -72,6 +73,12 @@ def device_bound_split(M, K, N, tiles, split_k, target_us):
     return split_k
 
 
+# One wave of warp-specialized programs (WS_MAX_PROGRAMS in get_config): on the H200 a grid past one wave lost more
+# than an under-filled wave did. 24x8192x28672 unsplit (448 programs, 0.85 of a wave) ran 1.07-1.10x faster than at
+# 2 splits (896); 32x28672x8192 at 3 splits (384, 0.73) 0.96x and at 6 (768) 0.79x its 4 (512, 0.97)
+# (reports/examples/h200-weight-stream). A smaller wave than WS_WAVE_FILL is unmeasured, and keeps its split.
+WS_WAVE_FILL = 0.7
+
 # The leaner K loop: DEQUANT 3 under a 96-register cap issues 189 instructions per step instead of 209 and fits 5
 # programs on an SM instead of 4, 1.03-1.28x faster than the default loop on the visible panel (H200, 16 distinct
 # inputs; under the verifier's schedule, on one-split expert-batch plans, 0.91-0.95x). A plan that already takes at
@@ -102,10 +109,11 @@ def get_config():
     # plan's split; it replaces the plan's loop (DEQUANT, MAXNREG, num_warps, num_stages, the SCALE_* knobs and
     # WEIGHT_TMA do not apply) and always takes LAUNCH 2's lean host path, whatever LAUNCH says. BLOCK_SIZE_N 64
     # (one consumer warpgroup) fits a cap of 64, 128 (two) needs 72; 0 (the compiler's choice) is unmeasured.
-    # WS_MAX_PROGRAMS (0: no cap) caps a WS plan's programs (tiles x splits) where SPLIT_K is 0: it takes the most
-    # splits, down to one, that keep the grid at or under the cap. 528 is what an H200 holds at once with BLOCK_SIZE_N
-    # 64 under a cap of 64 (4 programs of 8 warps, the producer's padded to a warpgroup, on each of 132 SMs): a
-    # second, partial wave of programs costs more than the splits it adds.
+    # WS_MAX_PROGRAMS (0: no cap) is one wave of a WS plan's programs (tiles x splits). Where SPLIT_K is 0 and the
+    # split-K plan's grid is larger, the split drops (never rises) to the most that fit, down to one, provided the
+    # smaller grid still fills WS_WAVE_FILL of the wave; otherwise the split-K plan's split stays. 528 is what an
+    # H200 holds at once with BLOCK_SIZE_N 64 under a cap of 64 (4 programs of 8 warps, the producer's padded to a
+    # warpgroup, on each of 132 SMs); 128-column tiles fit 2 (264).
     return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 396,
             "DEQUANT": 2, "SCALE_AFTER_DOT": 1, "SCALE_LOAD": 0, "WEIGHT_TMA": 0, "LAUNCH": 2, "GRID": 0,
             "num_warps": 4, "num_stages": 4, "MAXNREG": 0, "DEVICE_BOUND_US": 16, "LEAN_MIN_US": 22,
@@ -143,11 +151,11 @@ SEARCH_SPACE = {
                               "lengthens the loop): more warps to hide the loop's latencies; plans under "
                               "LEAN_MIN_US, or every plan with LEAN_MIN_US 0 (LEAN_MAXNREG above it)"},
         "LEAN_DEQUANT": {"values": [3, 2], "reason": "the dequant of the plans at LEAN_MIN_US and more"},
+        "LEAN_MAXNREG": {"values": [96, 0, 88], "reason": "the register cap of the plans at LEAN_MIN_US and more"},
         "WS_MAX_PROGRAMS": {"values": [528, 0, 264], "unmeasured": [264],
                             "reason": "the warp-specialized plans' splits kept to one wave of programs (528 on an "
                                       "H200 with 64-column tiles, 264 with 128): no partial second wave, fewer "
                                       "accumulator atomics"},
-        "LEAN_MAXNREG": {"values": [96, 0, 88], "reason": "the register cap of the plans at LEAN_MIN_US and more"},
         "LEAN_MIN_US": {"values": [0, 18, 20, 22, 24, 30],
                         "reason": "a lower threshold runs the leaner loop (LEAN_DEQUANT, LEAN_MAXNREG) on more "
                                   "plans: faster, but a plan near its host cost loses its steady group times (a "
@@ -161,6 +169,7 @@ SEARCH_SPACE = {
     # SCALE_AFTER_DOT 0 (0.85-0.91x) and WEIGHT_TMA 1 (0.87-0.98x: h200-weight-stream) lost on the H200: plan() still
     # takes them, the search does not.
     "only_when": {"MIN_PROGRAMS": [{"SPLIT_K": [0]}], "DEVICE_BOUND_US": [{"SPLIT_K": [0]}],
+                  "WS_MAX_PROGRAMS": [{"SPLIT_K": [0]}],
                   "LEAN_DEQUANT": [{"LEAN_MIN_US": [18, 20, 22, 24, 30]}],
                   "LEAN_MAXNREG": [{"LEAN_MIN_US": [18, 20, 22, 24, 30]}]},
     # the knob that moves a plan toward device-bound (more GPU time per call), for a host-bound verdict
@@ -234,9 +243,13 @@ def plan(M, K, N, overrides=None):
     # rows (the fp32 partial of a wider tile would not fit the consumer's registers)
     config["WS"] = int(bool(config["WS_MIN_US"]) and config["PREDICTED_US"] >= config["WS_MIN_US"]
                        and block_n in (64, 128) and block_m <= 32)
-    # one wave of WS programs; PREDICTED_US, which chose the loop, stays that of the split-K plan
-    if config["WS"] and config["WS_MAX_PROGRAMS"] and not fixed_split:
-        config["SPLIT_K"] = max(1, min(split_k, config["WS_MAX_PROGRAMS"] // (m_tiles * n_tiles)))
+    # one wave of WS programs (fewer programs only raise the prediction: the loops chosen above stay right)
+    wave, tiles = config["WS_MAX_PROGRAMS"], m_tiles * n_tiles
+    if config["WS"] and wave and not fixed_split and tiles * split_k > wave:
+        fitting = max(1, min(split_k, wave // tiles))
+        if tiles * fitting >= WS_WAVE_FILL * wave:
+            config["SPLIT_K"] = fitting
+            config["PREDICTED_US"] = predicted_us(M, K, N, tiles * fitting)
     return config
 
 
