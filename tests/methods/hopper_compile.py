@@ -227,7 +227,11 @@ def main_ws(solution: str) -> None:
     module = load_solution(Path(solution))
     cases = [case for case in kh.load_panel("visible") if module.plan(case.m, case.k, case.n, {"WS_MIN_US": 30})["WS"]]
     jobs = [(case, {"WS_MIN_US": 30}) for case in cases]
-    jobs += [(cases[0], {"WS_MIN_US": 30, "BLOCK_SIZE_N": 128, "WS_MAXNREG": 72})]  # two consumer warpgroups
+    # one consumer warpgroup where the plan has two, and two where it has one
+    jobs += [(case, {"WS_MIN_US": 30, "BLOCK_SIZE_N": 64, "WS_MAXNREG": 64, "WS_STAGES": 3, "WS_MAX_PROGRAMS": 528}
+              if module.plan(case.m, case.k, case.n)["BLOCK_SIZE_N"] == 128
+              else {"WS_MIN_US": 30, "BLOCK_SIZE_N": 128, "WS_MAXNREG": 72, "WS_MAX_PROGRAMS": 264})
+             for case in cases]
     one_row = kh.Case(cases[0].stratum, 1, cases[0].k, cases[0].n, cases[0].epilogue, 0)
     jobs += [(one_row, {"WS_MIN_US": 30}), (one_row, {"WS_MIN_US": 30, "WS_MAX_PROGRAMS": 0})]  # one wave; split
     print(json.dumps([compile_ws(module, case, overrides) for case, overrides in jobs]))

@@ -176,6 +176,22 @@ def test_plans_of_ws_min_us_and_more_run_the_warp_specialized_loop():
     assert [S.plan(m, k, n, {"WS_MIN_US": 30})["WS"] for m, k, n in VISIBLE].count(1) == 2  # the 117 MB weights
 
 
+def test_the_widest_deep_tier_is_warp_specialized_for_every_m():
+    """The tier of N >= 16384 and K >= 8192 gives 128-column tiles, 4 ring stages under a 72-register cap and a wave of
+    264 programs, and every M from 1 to 32 plans the WS loop there (the tier's split-K settings only serve GPUs
+    without it); its neighbours keep 64 columns."""
+    tier = S.TIERS[0]
+    assert (tier["N_MIN"], tier["K_MIN"]) == (16384, 8192)
+    for k, n in ((8192, 16384), (8192, 28672), (8576, 24320), (28672, 57344)):
+        for m in range(1, 33):
+            cfg = S.plan(m, k, n)
+            assert (cfg["WS"], cfg["BLOCK_SIZE_N"], cfg["WS_STAGES"], cfg["WS_MAXNREG"]) == (1, 128, 4, 72), (m, k, n)
+            assert cfg["WS_MAX_PROGRAMS"] == 264, (m, k, n)
+    for m, k, n in ((24, 8064, 28672), (24, 8192, 16128), (32, 28672, 8192)):
+        assert S.plan(m, k, n)["BLOCK_SIZE_N"] == 64, (m, k, n)
+    assert S.plan(24, 8192, 28672)["SPLIT_K"] == 1
+
+
 def test_warp_specialized_plans_take_the_most_splits_that_keep_one_wave():
     """WS_MAX_PROGRAMS is one wave of a WS plan's tiles x splits. Where SPLIT_K is 0 and the split-K plan's grid is
     larger, the split drops to the most that fit (down to one) if that grid still fills WS_WAVE_FILL of the wave, and
@@ -597,45 +613,47 @@ def test_stream_k_plan_and_the_programs_a_gpu_holds_at_once():
 
 # The family's default plans compiled for sm90: registers per thread, instructions of the K loop and shared memory of
 # the plans the H200 sweeps measured fastest (reports/examples/h200-splitk-sweeps, sweep 2: LAYOUT 3, inline-PTX
-# dequant, one-launch split-K, N tile 64, 4 warps, 4 stages, 3 on the widest tier; the leaner loop, DEQUANT 3 under
-# 96 registers, where a plan predicts LEAN_MIN_US or more), with the accumulator path and without, and of the
-# variants (reports/examples/h200-weight-stream measured them). A change of these numbers is a change of the kernel the
-# sweeps measured.
-SM90_EXPECTED = {  # (kernel, split?, stages, dequant, scale after dot, scale load, weight tma, maxnreg):
+# dequant, one-launch split-K, N tile 64, 4 warps, 4 stages; the leaner loop, DEQUANT 3 under 96 registers, where a
+# plan predicts LEAN_MIN_US or more), with the accumulator path and without, and of the variants
+# (reports/examples/h200-weight-stream measured them). A change of these numbers is a change of the kernel the sweeps
+# measured. The widest deep tier's split-K plans (N tile 128 in 8 warps, 3 stages) run only where the warp-specialized
+# loop does not (other GPUs); no GPU has timed them.
+SM90_EXPECTED = {  # (kernel, split?, stages, dequant, scale after dot, scale load, weight tma, maxnreg, N tile):
     #              (registers, loop SASS instructions, shared)
-    ("w4a16_splitk_kernel", True, 4, 2, 1, 0, 0, 0): ({103, 104}, {208, 209}, 45056),
-    ("w4a16_splitk_kernel", True, 3, 2, 1, 0, 0, 0): ({104}, {209}, 32768),
-    ("w4a16_splitk_kernel", False, 4, 2, 1, 0, 0, 0): ({95}, {195}, 45056),
-    ("w4a16_splitk_kernel", True, 3, 3, 1, 0, 0, 96): ({91}, {189}, 32768),
-    ("w4a16_splitk_kernel", False, 4, 3, 1, 0, 0, 96): ({91}, {194}, 45056),
-    ("w4a16_splitk_kernel", False, 3, 3, 1, 0, 0, 96): ({91}, {196}, 32768),
-    ("w4a16_splitk_kernel", False, 3, 2, 1, 0, 0, 0): ({95}, {195}, 32768),
-    ("w4a16_splitk_kernel", True, 4, 3, 1, 0, 0, 0): ({104}, {194}, 45056),
-    ("w4a16_splitk_kernel", True, 4, 2, 0, 0, 0, 0): ({80}, {255}, 45056),
-    ("w4a16_splitk_kernel", True, 4, 2, 1, 1, 0, 0): ({124}, {215}, 45056),
-    ("w4a16_splitk_kernel", True, 4, 2, 0, 2, 0, 0): ({72}, {269}, 45568),
-    ("w4a16_splitk_kernel", True, 4, 2, 1, 0, 1, 0): ({106}, {234}, 45080),
-    ("w4a16_splitk_kernel", True, 4, 3, 1, 0, 0, 96): ({91}, {189}, 45056),
-    ("w4a16_stream_kernel", True, 4, 2, 1, 0, 0, 0): ({127}, {201}, 45056),
-    ("w4a16_stream_kernel", True, 3, 2, 1, 0, 0, 0): ({127}, {201}, 32768),
+    ("w4a16_splitk_kernel", True, 4, 2, 1, 0, 0, 0, 64): ({103, 104}, {208, 209}, 45056),
+    ("w4a16_splitk_kernel", False, 4, 2, 1, 0, 0, 0, 64): ({95}, {195}, 45056),
+    ("w4a16_splitk_kernel", False, 4, 3, 1, 0, 0, 96, 64): ({91}, {194}, 45056),
+    ("w4a16_splitk_kernel", True, 4, 3, 1, 0, 0, 0, 64): ({104}, {194}, 45056),
+    ("w4a16_splitk_kernel", True, 4, 2, 0, 0, 0, 0, 64): ({80}, {255}, 45056),
+    ("w4a16_splitk_kernel", True, 4, 2, 1, 1, 0, 0, 64): ({124}, {215}, 45056),
+    ("w4a16_splitk_kernel", True, 4, 2, 0, 2, 0, 0, 64): ({72}, {269}, 45568),
+    ("w4a16_splitk_kernel", True, 4, 2, 1, 0, 1, 0, 64): ({106}, {234}, 45080),
+    ("w4a16_splitk_kernel", True, 4, 3, 1, 0, 0, 96, 64): ({91}, {189}, 45056),
+    ("w4a16_stream_kernel", True, 4, 2, 1, 0, 0, 0, 64): ({127}, {201}, 45056),
+    # the widest deep tier
+    ("w4a16_splitk_kernel", True, 3, 2, 1, 0, 0, 0, 128): ({106}, {193}, 40960),
+    ("w4a16_splitk_kernel", True, 3, 3, 1, 0, 0, 96, 128): ({91}, {178}, 40960),
+    ("w4a16_splitk_kernel", False, 3, 3, 1, 0, 0, 96, 128): ({90}, {177}, 40960),
+    ("w4a16_splitk_kernel", False, 3, 2, 1, 0, 0, 0, 128): ({103}, {191}, 40960),
+    ("w4a16_stream_kernel", True, 3, 2, 1, 0, 0, 0, 128): ({127}, {187}, 40960),
 }
 
 
 def test_the_warp_specialized_loop_compiles_for_hopper_as_the_prototype_measured():
-    """ws.py compiled to sm90 machine code for the plans WS_MIN_US 30 gives it (the 117 MB weights), with two
-    consumer warpgroups, and for one row of x: the words, x and scales through the copy engine, one wgmma wait and
-    147-149 instructions per step in the consumer with 32-row x tiles (the prototype's 146-150; 16-row tiles scale
-    half the partial), no spills, and in a split plan a barrier between the last split's reads of the sums and their
-    zeroing. One wave of programs (WS_MAX_PROGRAMS 528) leaves 24x8192x28672 and one row of x unsplit; one row is
-    compiled at its split-K plan's 2 splits too."""
+    """ws.py compiled to sm90 machine code for the plans WS_MIN_US 30 gives it (the 117 MB weights), each with the
+    other tile width (one consumer warpgroup or two), and for one row of x: the words, x and scales through the copy
+    engine, one wgmma wait and 144-149 instructions per step in the consumer with 32-row x tiles (the prototype's
+    146-150; 16-row tiles scale half the partial), no spills, and in a split plan a barrier between the last split's
+    reads of the sums and their zeroing. The widest deep tier's 128-column tiles in 4 stages fit one wave of 264
+    programs unsplit at 24x8192x28672 and one row of x; one row is compiled at its split-K plan's 3 splits too."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, str(Path(__file__).with_name("hopper_compile.py")), str(FAMILY), "--ws"],
                          capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-3000:]
     compiled = json.loads(run.stdout)
-    assert [(k["case"], k["block_n"], k["split_k"]) for k in compiled] == [
-        ("24x8192x28672-gelu_tanh", 64, 1), ("32x28672x8192-silu", 64, 4), ("24x8192x28672-gelu_tanh", 128, 2),
-        ("1x8192x28672-gelu_tanh", 64, 1), ("1x8192x28672-gelu_tanh", 64, 2)]
+    assert [(k["case"], k["block_n"], k["stages"], k["split_k"]) for k in compiled] == [
+        ("24x8192x28672-gelu_tanh", 128, 4, 1), ("32x28672x8192-silu", 64, 3, 4), ("24x8192x28672-gelu_tanh", 64, 3, 1),
+        ("32x28672x8192-silu", 128, 3, 4), ("1x8192x28672-gelu_tanh", 128, 4, 1), ("1x8192x28672-gelu_tanh", 128, 4, 3)]
     for kernel in compiled:
         assert kernel["tma"] and kernel["f16x2_dequant"], kernel
         assert kernel["barrier_after_reads"] == (kernel["split_k"] > 1), kernel
@@ -658,7 +676,7 @@ def test_every_visible_plan_compiles_for_hopper_as_the_measured_winners_did():
     for kernel in compiled:
         split = kernel["kernel"] == "w4a16_stream_kernel" or kernel["split_k"] > 1
         key = (kernel["kernel"], split, kernel["num_stages"], kernel["dequant"], kernel["scale_after_dot"],
-               kernel["scale_load"], kernel["weight_tma"], kernel["maxnreg"])
+               kernel["scale_load"], kernel["weight_tma"], kernel["maxnreg"], kernel["block_n"])
         seen.add(key)
         registers, loop, shared = SM90_EXPECTED[key]
         assert kernel["registers"] in registers and kernel["loop_sass"] in loop and kernel["shared"] == shared, kernel

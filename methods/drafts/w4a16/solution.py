@@ -123,8 +123,17 @@ def get_config():
 
 # Per-shape overrides: the first tier whose N and K ranges hold the shape updates the general plan.
 TIERS = [
-    # the widest outputs (448 N tiles at N = 28672): two splits each beat one (59.1 vs 62.3 us eager on the H200)
-    {"N_MIN": 16384, "N_MAX": 1 << 40, "K_MIN": 128, "K_MAX": 1 << 40, "MIN_PROGRAMS": 528, "num_stages": 3},
+    # the widest outputs with deep K (at least 64 MiB of words: every M up to 32 predicts WS_MIN_US or more, so on
+    # Hopper every plan here runs the warp-specialized loop, and the repack's 128-column blocks serve every M):
+    # 128-column tiles read x once for two consumer warpgroups, half the x bytes per weight byte, under a 72-register
+    # cap (2 programs an SM: one wave is 264) with 4 ring stages. On the H200 24x8192x28672 (unsplit either way) ran
+    # 1.10-1.11x faster than with 64-column tiles in 3 stages (do_bench, the L2 flushed, three runs on one machine);
+    # 32x28672x8192's plan, not in this tier, ran 0.99-1.01x so (reports/examples/h200-weight-stream)
+    {"N_MIN": 16384, "N_MAX": 1 << 40, "K_MIN": 8192, "K_MAX": 1 << 40, "MIN_PROGRAMS": 528, "num_stages": 3,
+     "num_warps": 8,
+     "BLOCK_SIZE_N": 128, "WS_STAGES": 4, "WS_MAXNREG": 72, "WS_MAX_PROGRAMS": 264},
+    # the other widest outputs (448 N tiles at N = 28672): two splits each beat one (59.1 vs 62.3 us eager on the H200)
+    {"N_MIN": 16384, "N_MAX": 1 << 40, "K_MIN": 128, "K_MAX": 8191, "MIN_PROGRAMS": 528, "num_stages": 3},
 ]
 
 # What the loop may change, as data (agent/proposers/offline.py reads it without importing this file). "unmeasured"
@@ -152,7 +161,7 @@ SEARCH_SPACE = {
                               "LEAN_MIN_US, or every plan with LEAN_MIN_US 0 (LEAN_MAXNREG above it)"},
         "LEAN_DEQUANT": {"values": [3, 2], "reason": "the dequant of the plans at LEAN_MIN_US and more"},
         "LEAN_MAXNREG": {"values": [96, 0, 88], "reason": "the register cap of the plans at LEAN_MIN_US and more"},
-        "WS_MAX_PROGRAMS": {"values": [528, 0, 264], "unmeasured": [264],
+        "WS_MAX_PROGRAMS": {"values": [528, 0, 264],
                             "reason": "the warp-specialized plans' splits kept to one wave of programs (528 on an "
                                       "H200 with 64-column tiles, 264 with 128): no partial second wave, fewer "
                                       "accumulator atomics"},
