@@ -222,8 +222,8 @@ def test_what_a_table_decides_follows_the_shapes_as_plan_matches_them():
              for stratum, n in (("expert-batch", 1024), ("balanced", 8192), ("balanced", 28672))]
     expert = {"strata": {"balanced": 1.0, "expert-batch": 0.5}, "cases": cases}
     moves = single_moves(tables, expert, space, new_tier(family, tables, "expert-batch"))
-    # the widest-output tier (N >= 16384) holds one balanced case: the general MIN_PROGRAMS serves the other and
-    # the expert-batch case, so an expert-batch tier of its own may move it
+    # the widest deep tier (N >= 23808, K >= 8192) holds one balanced case: the general MIN_PROGRAMS serves the other
+    # and the expert-batch case, so an expert-batch tier of its own may move it
     assert any(str(m) == "new tier N 1..2048 MIN_PROGRAMS 396->528" for m in moves)
     assert any(str(m) == "MIN_PROGRAMS 396->528" for m in moves) and any(str(m).startswith("TIERS[0]") for m in moves)
     balanced = {"strata": {"balanced": 0.5, "expert-batch": 1.0}, "cases": cases}

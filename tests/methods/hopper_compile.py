@@ -192,9 +192,13 @@ def main(solution: str) -> None:
     # (ptxas assembles the inline sequences here, so one it rejects shows on CPU), and the stream-K kernel (GRID 1)
     # for each case
     jobs = [(case, None) for case in cases] + [(cases[0], {"SPLIT_K": 1})]
-    # the default loop where the visible plans run the leaner one: unsplit, and on the widest tier (3 stages)
+    # the default loop where the visible plans run the leaner one: unsplit, and on the widest deep tier (128 columns
+    # on 8 warps, 3 stages)
     jobs += [(cases[0], {"SPLIT_K": 1, "LEAN_MIN_US": 0})]
-    jobs += [(case, {"LEAN_MIN_US": 0}) for case in cases if case.n >= module.TIERS[0]["N_MIN"]][:1]
+    jobs += [(case, {"LEAN_MIN_US": 0}) for case in cases if module.plan(case.m, case.k, case.n)["BLOCK_SIZE_N"] == 128]
+    # the other widest outputs (64 columns, 3 stages), which no visible case reaches: both loops
+    wide = kh.Case("balanced", 24, 8192, 20480, "gelu_tanh", 0)
+    jobs += [(wide, None), (wide, {"LEAN_MIN_US": 0})]
     # the split-K plans of the warp-specialized shapes before their one-wave cap (what non-Hopper GPUs would run
     # with WS_MAX_PROGRAMS 0), both loops
     jobs += [(case, {"WS_MAX_PROGRAMS": 0, **lean}) for case in cases for lean in ({}, {"LEAN_MIN_US": 0})

@@ -24,8 +24,9 @@ How (kernels.py, pack.py, launch.py):
 - Plans predicted at WS_MIN_US (30) or more run the warp-specialized loop of ws.py on Hopper (a
   producer warp copies each step's words, x tile and row of scales into a shared-memory ring with the copy engine;
   consumer warps dequantize, multiply and scale, no global load in their loop), their splits kept to one wave of
-  programs where that wave stays full enough (WS_MAX_PROGRAMS). Elsewhere (the interpreter, other GPUs) the
-  split-K kernel runs those plans, with the same split.
+  programs where that wave stays full enough (WS_MAX_PROGRAMS); the widest deep weights take 128-column tiles,
+  two consumer warpgroups sharing each x tile (TIERS). Elsewhere (the interpreter, other GPUs) the split-K kernel
+  runs those plans, with the same split.
 - Split-K for small N: the splits add their fp32 partials into a kept (M, N) accumulator and count themselves in per
   tile; the last one applies the epilogue and leaves accumulator and counter at zero. One launch per call.
 - The host path: per M the plan and a launcher of the compiled kernel are made once; a call checks its arguments with
@@ -123,17 +124,19 @@ def get_config():
 
 # Per-shape overrides: the first tier whose N and K ranges hold the shape updates the general plan.
 TIERS = [
-    # the widest outputs with deep K (at least 64 MiB of words: every M up to 32 predicts WS_MIN_US or more, so on
-    # Hopper every plan here runs the warp-specialized loop, and the repack's 128-column blocks serve every M):
-    # 128-column tiles read x once for two consumer warpgroups, half the x bytes per weight byte, under a 72-register
-    # cap (2 programs an SM: one wave is 264) with 4 ring stages. On the H200 24x8192x28672 (unsplit either way) ran
-    # 1.10-1.11x faster than with 64-column tiles in 3 stages (do_bench, the L2 flushed, three runs on one machine);
-    # 32x28672x8192's plan, not in this tier, ran 0.99-1.01x so (reports/examples/h200-weight-stream)
-    {"N_MIN": 16384, "N_MAX": 1 << 40, "K_MIN": 8192, "K_MAX": 1 << 40, "MIN_PROGRAMS": 528, "num_stages": 3,
-     "num_warps": 8,
-     "BLOCK_SIZE_N": 128, "WS_STAGES": 4, "WS_MAXNREG": 72, "WS_MAX_PROGRAMS": 264},
-    # the other widest outputs (448 N tiles at N = 28672): two splits each beat one (59.1 vs 62.3 us eager on the H200)
-    {"N_MIN": 16384, "N_MAX": 1 << 40, "K_MIN": 128, "K_MAX": 8191, "MIN_PROGRAMS": 528, "num_stages": 3},
+    # the widest deep weights: 128-column tiles read each x tile once for two consumer warpgroups (half the x bytes
+    # per weight byte), under a 72-register cap (2 programs an SM: one wave is 264) with 4 ring stages. On the H200
+    # 24x8192x28672 (unsplit either way) ran 1.10-1.11x faster than with 64-column tiles in 3 stages (do_bench, the L2
+    # flushed); 32x28672x8192's plan, not in this tier, ran 0.99-1.01x so, inside the 0.99-1.02x of its own repeats
+    # (reports/examples/h200-weight-stream). K >= 8192 here is at least 93 MiB of words: every M plans the WS loop
+    # (WS_MIN_US), so num_warps 8 (the split-K kernel's 128-column tile on 8 warps, not 4) serves only GPUs without
+    # it. N >= 23808 is 186 or more 128-column tiles, enough to fill 70% of the wave unsplit (WS_WAVE_FILL); a
+    # narrower N would keep 3-4 splits, 2-3 waves of these programs, which lost 0.85-0.87x on the H200.
+    {"N_MIN": 23808, "N_MAX": 1 << 40, "K_MIN": 8192, "K_MAX": 1 << 40, "MIN_PROGRAMS": 528, "num_stages": 3,
+     "num_warps": 8, "BLOCK_SIZE_N": 128, "WS_STAGES": 4, "WS_MAXNREG": 72, "WS_MAX_PROGRAMS": 264},
+    # the other widest outputs: at 64 columns 24x8192x28672 ran two splits faster than one (59.1 vs 62.3 us eager
+    # on the H200, the split-K kernel)
+    {"N_MIN": 16384, "N_MAX": 1 << 40, "K_MIN": 128, "K_MAX": 1 << 40, "MIN_PROGRAMS": 528, "num_stages": 3},
 ]
 
 # What the loop may change, as data (agent/proposers/offline.py reads it without importing this file). "unmeasured"
@@ -161,7 +164,7 @@ SEARCH_SPACE = {
                               "LEAN_MIN_US, or every plan with LEAN_MIN_US 0 (LEAN_MAXNREG above it)"},
         "LEAN_DEQUANT": {"values": [3, 2], "reason": "the dequant of the plans at LEAN_MIN_US and more"},
         "LEAN_MAXNREG": {"values": [96, 0, 88], "reason": "the register cap of the plans at LEAN_MIN_US and more"},
-        "WS_MAX_PROGRAMS": {"values": [528, 0, 264],
+        "WS_MAX_PROGRAMS": {"values": [528, 0, 264], "unmeasured": [264],
                             "reason": "the warp-specialized plans' splits kept to one wave of programs (528 on an "
                                       "H200 with 64-column tiles, 264 with 128): no partial second wave, fewer "
                                       "accumulator atomics"},
