@@ -130,8 +130,8 @@ TIERS = [
     # flushed); 32x28672x8192's plan, not in this tier, ran 0.99-1.01x so, inside the 0.99-1.02x of its own repeats
     # (reports/examples/h200-weight-stream). K >= 8192 here is at least 93 MiB of words: every M plans the WS loop
     # (WS_MIN_US), so num_warps 8 (the split-K kernel's 128-column tile on 8 warps, not 4) serves only GPUs without
-    # it. N >= 23808 is 186 or more 128-column tiles, enough to fill 70% of the wave unsplit (WS_WAVE_FILL); a
-    # narrower N would keep 3-4 splits, 2-3 waves of these programs, which lost 0.85-0.87x on the H200.
+    # it. N >= 23808 is 186 or more 128-column tiles, enough to fill 70% of the wave unsplit (WS_WAVE_FILL); N 17152
+    # to 23552 would keep 3-4 splits, 2-3 waves of these programs, which lost 0.85-0.87x on the H200.
     {"N_MIN": 23808, "N_MAX": 1 << 40, "K_MIN": 8192, "K_MAX": 1 << 40, "MIN_PROGRAMS": 528, "num_stages": 3,
      "num_warps": 8, "BLOCK_SIZE_N": 128, "WS_STAGES": 4, "WS_MAXNREG": 72, "WS_MAX_PROGRAMS": 264},
     # the other widest outputs: at 64 columns 24x8192x28672 ran two splits faster than one (59.1 vs 62.3 us eager
