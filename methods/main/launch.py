@@ -72,8 +72,8 @@ def make_call(cfg, M, K, N, activation, weights, x, residual, check):
 def ws_call(cfg, M, K, N, activation, weights, kept, x, residual, check):
     """WS 1 on compiled CUDA (Hopper): ``ws.w4a16_ws_kernel`` with the plan's split, on LAUNCH 2's lean host path
     (``fits`` instead of the full check, integer addresses). The descriptors of the words and the scales are made
-    once, here; x's too, as a ``Rebased`` whose base is each call's x for that launch only. The launcher encodes
-    every descriptor on every call (triton 3.6 takes no encoded one)."""
+    once, here; x's on each call, as a ``Based`` (no checks: ``fits`` or ``check`` has made x what it needs). The
+    launcher encodes every descriptor on every call (triton 3.6 takes no encoded one)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as Descriptor
     words, scales, bias = weights
     block_m, block_n, block_k = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
@@ -93,38 +93,41 @@ def ws_call(cfg, M, K, N, activation, weights, kept, x, residual, check):
     accumulator, counters = kept or (out, out)
     compiled_kernel = w4a16_ws_kernel.warmup(q_desc, x_desc, s_desc, bias, residual, out, accumulator, counters, M, N,
                                              K, grid=grid, **constants, **options)
-    x_desc = Rebased(x_desc)
     run = compiled_launcher(compiled_kernel, grid, device.index, bare=True)
+    return descriptor_call(run, (q_desc, x_desc, s_desc), (M, K), (M, N), device, bias, kept,
+                           (M, N, K, *constants.values()), check)
+
+
+def descriptor_call(run, descriptors, x_shape, out_shape, device, bias, kept, tail, check):
+    """The warp-specialized kernel's call: LAUNCH 2's guard and bare addresses, with the words', x's and the scales'
+    descriptors first. x's descriptor is made for each call (a ``Based`` with the shape, strides and padding of the
+    one the kernel was compiled for), so nothing holds a caller's x after its call and concurrent calls never share
+    one; the call holds the accumulator and counters behind their addresses, as ``address_call`` does."""
+    q_desc, x_desc, s_desc = descriptors
+    x_dims, x_strides, padding = list(x_desc.shape), list(x_desc.strides), x_desc.padding
     b_ptr = bias.data_ptr()
     a_ptr, c_ptr = (kept[0].data_ptr(), kept[1].data_ptr()) if kept else (0, 0)
-    tail = (M, N, K, *constants.values())
-    x_shape, out_shape, device_index = (M, K), (M, N), device.index
+    device_index = device.index
 
     def call(x, residual):
         if not fits(x, residual, x_shape, out_shape, device_index):
             x, residual = check(x, residual)
         out = torch.empty_like(residual)
         o_ptr = out.data_ptr()
-        try:
-            run(q_desc, x_desc.on(x), s_desc, b_ptr, residual.data_ptr(), o_ptr, a_ptr if kept else o_ptr,
-                c_ptr if kept else o_ptr, *tail)
-        finally:
-            x_desc.on(None)
+        run(q_desc, Based(x, x_dims, x_strides, padding), s_desc, b_ptr, residual.data_ptr(), o_ptr,
+            a_ptr if kept else o_ptr, c_ptr if kept else o_ptr, *tail)
         return out
     return call
 
 
-class Rebased:
-    """A tensor descriptor as triton 3.6's launcher reads it (base, shape, strides, padding) with the base set for
-    one launch at a time (``on``): the compiled kernel was specialized on a real descriptor of the same shape,
-    strides, block and layout, and ``on(None)`` after the launch holds no caller's tensor between calls."""
+class Based:
+    """A tensor descriptor as triton 3.6's launcher reads it (base, shape, strides, padding) and nothing more: made
+    per call for that call's x, where the kernel was compiled for a real descriptor of the same shape, strides,
+    block and layout, whose checks ``fits`` (or ``check``) stands in for."""
+    __slots__ = ("base", "shape", "strides", "padding")
 
-    def __init__(self, desc):
-        self.base, self.shape, self.strides, self.padding = None, list(desc.shape), list(desc.strides), desc.padding
-
-    def on(self, base):
-        self.base = base
-        return self
+    def __init__(self, base, shape, strides, padding):
+        self.base, self.shape, self.strides, self.padding = base, shape, strides, padding
 
 
 def keeps_accumulator(cfg):

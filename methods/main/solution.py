@@ -23,8 +23,10 @@ How (kernels.py, pack.py, launch.py):
   loads, the copy engine for the words or for x, two groups a step, wider tiles and a register cap alone did not.
 - Plans predicted at WS_MIN_US (30) or more run the warp-specialized loop of ws.py on Hopper (a
   producer warp copies each step's words, x tile and row of scales into a shared-memory ring with the copy engine;
-  consumer warps dequantize, multiply and scale, no global load in their loop). The interpreter runs the split-K
-  kernel for those plans.
+  consumer warps dequantize, multiply and scale, no global load in their loop), their splits kept to one wave of
+  programs where that wave stays full enough (WS_MAX_PROGRAMS); the widest deep weights take 128-column tiles,
+  two consumer warpgroups sharing each x tile (TIERS). Elsewhere (the interpreter, other GPUs) the split-K kernel
+  runs those plans, with the same split.
 - Split-K for small N: the splits add their fp32 partials into a kept (M, N) accumulator and count themselves in per
   tile; the last one applies the epilogue and leaves accumulator and counter at zero. One launch per call.
 - The host path: per M the plan and a launcher of the compiled kernel are made once; a call checks its arguments with
@@ -72,6 +74,12 @@ def device_bound_split(M, K, N, tiles, split_k, target_us):
     return split_k
 
 
+# One wave of warp-specialized programs (WS_MAX_PROGRAMS in get_config): on the H200 a grid past one wave lost more
+# than an under-filled wave did. 24x8192x28672 unsplit (448 programs, 0.85 of a wave) ran 1.07-1.10x faster than at
+# 2 splits (896); 32x28672x8192 at 3 splits (384, 0.73) 0.96x and at 6 (768) 0.79x its 4 (512, 0.97)
+# (reports/examples/h200-weight-stream). A smaller wave than WS_WAVE_FILL is unmeasured, and keeps its split.
+WS_WAVE_FILL = 0.7
+
 # The leaner K loop: DEQUANT 3 under a 96-register cap issues 189 instructions per step instead of 209 and fits 5
 # programs on an SM instead of 4, 1.03-1.28x faster than the default loop on the visible panel (H200, 16 distinct
 # inputs; under the verifier's schedule, on one-split expert-batch plans, 0.91-0.95x). A plan that already takes at
@@ -99,18 +107,35 @@ def get_config():
     # WS_MIN_US (0: never) is the least predicted GPU time per call of a GRID 0 plan that runs the warp-specialized
     # loop (ws.py: a producer warp feeding the words, x and scales through the copy engine, BLOCK_SIZE_N // 16
     # consumer warps) on compiled CUDA on Hopper, WS_STAGES ring stages under a WS_MAXNREG register cap, with the
-    # plan's split; it replaces the plan's loop and host path (DEQUANT, MAXNREG, num_warps, num_stages, the SCALE_*
-    # knobs, WEIGHT_TMA and LAUNCH do not apply). BLOCK_SIZE_N 64 (one consumer warpgroup) fits a cap of 64, 128
-    # (two) needs 72; 0 (the compiler's choice) is unmeasured.
+    # plan's split; it replaces the plan's loop (DEQUANT, MAXNREG, num_warps, num_stages, the SCALE_* knobs and
+    # WEIGHT_TMA do not apply) and always takes LAUNCH 2's lean host path, whatever LAUNCH says. BLOCK_SIZE_N 64
+    # (one consumer warpgroup) fits a cap of 64, 128 (two) needs 72; 0 (the compiler's choice) is unmeasured.
+    # WS_MAX_PROGRAMS (0: no cap) is one wave of a WS plan's programs (tiles x splits). Where SPLIT_K is 0 and the
+    # split-K plan's grid is larger, the split drops (never rises) to the most that fit, down to one, provided the
+    # smaller grid still fills WS_WAVE_FILL of the wave; otherwise the split-K plan's split stays. 528 is what an
+    # H200 holds at once with BLOCK_SIZE_N 64 under a cap of 64 (4 programs of 8 warps, the producer's padded to a
+    # warpgroup, on each of 132 SMs); 128-column tiles fit 2 (264).
     return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 396,
             "DEQUANT": 2, "SCALE_AFTER_DOT": 1, "SCALE_LOAD": 0, "WEIGHT_TMA": 0, "LAUNCH": 2, "GRID": 0,
             "num_warps": 4, "num_stages": 4, "MAXNREG": 0, "DEVICE_BOUND_US": 16, "LEAN_MIN_US": 22,
-            "LEAN_DEQUANT": 3, "LEAN_MAXNREG": 96, "WS_MIN_US": 30, "WS_STAGES": 3, "WS_MAXNREG": 64}
+            "LEAN_DEQUANT": 3, "LEAN_MAXNREG": 96, "WS_MIN_US": 30, "WS_STAGES": 3, "WS_MAXNREG": 64,
+            "WS_MAX_PROGRAMS": 528}
 
 
 # Per-shape overrides: the first tier whose N and K ranges hold the shape updates the general plan.
 TIERS = [
-    # the widest outputs (448 N tiles at N = 28672): two splits each beat one (59.1 vs 62.3 us eager on the H200)
+    # the widest deep weights: 128-column tiles read each x tile once for two consumer warpgroups (half the x bytes
+    # per weight byte), under a 72-register cap (2 programs an SM: one wave is 264) with 4 ring stages. On the H200
+    # 24x8192x28672 (unsplit either way) ran 1.10-1.11x faster than with 64-column tiles in 3 stages (do_bench, the L2
+    # flushed); 32x28672x8192's plan, not in this tier, ran 0.99-1.01x so, inside the 0.99-1.02x of its own repeats
+    # (reports/examples/h200-weight-stream). K >= 8192 here is at least 93 MiB of words: every M plans the WS loop
+    # (WS_MIN_US), so num_warps 8 (the split-K kernel's 128-column tile on 8 warps, not 4) serves only GPUs without
+    # it. N >= 23808 is 186 or more 128-column tiles, enough to fill 70% of the wave unsplit (WS_WAVE_FILL); N 17152
+    # to 23552 would keep 3-4 splits, 2-3 waves of these programs, which lost 0.85-0.87x on the H200.
+    {"N_MIN": 23808, "N_MAX": 1 << 40, "K_MIN": 8192, "K_MAX": 1 << 40, "MIN_PROGRAMS": 528, "num_stages": 3,
+     "num_warps": 8, "BLOCK_SIZE_N": 128, "WS_STAGES": 4, "WS_MAXNREG": 72, "WS_MAX_PROGRAMS": 264},
+    # the other widest outputs: at 64 columns 24x8192x28672 ran two splits faster than one (59.1 vs 62.3 us eager
+    # on the H200, the split-K kernel)
     {"N_MIN": 16384, "N_MAX": 1 << 40, "K_MIN": 128, "K_MAX": 1 << 40, "MIN_PROGRAMS": 528, "num_stages": 3},
 ]
 
@@ -139,6 +164,10 @@ SEARCH_SPACE = {
                               "LEAN_MIN_US, or every plan with LEAN_MIN_US 0 (LEAN_MAXNREG above it)"},
         "LEAN_DEQUANT": {"values": [3, 2], "reason": "the dequant of the plans at LEAN_MIN_US and more"},
         "LEAN_MAXNREG": {"values": [96, 0, 88], "reason": "the register cap of the plans at LEAN_MIN_US and more"},
+        "WS_MAX_PROGRAMS": {"values": [528, 0, 264], "unmeasured": [264],
+                            "reason": "the warp-specialized plans' splits kept to one wave of programs (528 on an "
+                                      "H200 with 64-column tiles, 264 with 128): no partial second wave, fewer "
+                                      "accumulator atomics"},
         "LEAN_MIN_US": {"values": [0, 18, 20, 22, 24, 30],
                         "reason": "a lower threshold runs the leaner loop (LEAN_DEQUANT, LEAN_MAXNREG) on more "
                                   "plans: faster, but a plan near its host cost loses its steady group times (a "
@@ -152,6 +181,7 @@ SEARCH_SPACE = {
     # SCALE_AFTER_DOT 0 (0.85-0.91x) and WEIGHT_TMA 1 (0.87-0.98x: h200-weight-stream) lost on the H200: plan() still
     # takes them, the search does not.
     "only_when": {"MIN_PROGRAMS": [{"SPLIT_K": [0]}], "DEVICE_BOUND_US": [{"SPLIT_K": [0]}],
+                  "WS_MAX_PROGRAMS": [{"SPLIT_K": [0]}],
                   "LEAN_DEQUANT": [{"LEAN_MIN_US": [18, 20, 22, 24, 30]}],
                   "LEAN_MAXNREG": [{"LEAN_MIN_US": [18, 20, 22, 24, 30]}]},
     # the knob that moves a plan toward device-bound (more GPU time per call), for a host-bound verdict
@@ -190,6 +220,9 @@ def plan(M, K, N, overrides=None):
         if type(config[key]) not in (int, float) or not 0 <= config[key] < float("inf"):
             raise ValueError(f"{key} must be 0 (never) or the least predicted GPU time in us of a plan that runs "
                              f"{what}; got {config[key]!r}")
+    if type(config["WS_MAX_PROGRAMS"]) is not int or config["WS_MAX_PROGRAMS"] < 0:
+        raise ValueError(f"WS_MAX_PROGRAMS must be 0 (no cap) or the most programs of a warp-specialized plan, an int; "
+                         f"got {config['WS_MAX_PROGRAMS']!r}")
     if type(config["WS_STAGES"]) is not int or not 2 <= config["WS_STAGES"] <= 4:
         raise ValueError(f"WS_STAGES must be 2, 3 or 4 (stages of the warp-specialized loop's ring); got "
                          f"{config['WS_STAGES']!r}")
@@ -207,10 +240,11 @@ def plan(M, K, N, overrides=None):
         config.update({"SPLIT_K": 1, "PROGRAMS": max(0, min(int(config["MIN_PROGRAMS"]), m_tiles * n_tiles * groups)),
                        "WS": 0})
         return config
+    fixed_split = bool(config["SPLIT_K"])
     split_k = int(config["SPLIT_K"]) or triton.cdiv(int(config["MIN_PROGRAMS"]), m_tiles * n_tiles)
     # every split owns at least one whole group; the remainder groups spread one each over some splits
     split_k = max(1, min(split_k, groups))
-    if not config["SPLIT_K"] and config["DEVICE_BOUND_US"] > 0:  # a fixed SPLIT_K is taken as given
+    if not fixed_split and config["DEVICE_BOUND_US"] > 0:  # a fixed SPLIT_K is taken as given
         split_k = device_bound_split(M, K, N, m_tiles * n_tiles, split_k, config["DEVICE_BOUND_US"])
     config["SPLIT_K"] = split_k
     config["PREDICTED_US"] = predicted_us(M, K, N, m_tiles * n_tiles * split_k)
@@ -221,6 +255,13 @@ def plan(M, K, N, overrides=None):
     # rows (the fp32 partial of a wider tile would not fit the consumer's registers)
     config["WS"] = int(bool(config["WS_MIN_US"]) and config["PREDICTED_US"] >= config["WS_MIN_US"]
                        and block_n in (64, 128) and block_m <= 32)
+    # one wave of WS programs (fewer programs only raise the prediction: the loops chosen above stay right)
+    wave, tiles = config["WS_MAX_PROGRAMS"], m_tiles * n_tiles
+    if config["WS"] and wave and not fixed_split and tiles * split_k > wave:
+        fitting = max(1, min(split_k, wave // tiles))
+        if tiles * fitting >= WS_WAVE_FILL * wave:
+            config["SPLIT_K"] = fitting
+            config["PREDICTED_US"] = predicted_us(M, K, N, tiles * fitting)
     return config
 
 
