@@ -15,7 +15,7 @@ from pathlib import Path
 
 from agent.config import Task
 from agent.runner import clip, python_command, python_env, run_command
-from agent.stability import qualification_failed, shared_cases, stability_block, unstable_cases
+from agent.stability import LIMIT, qualification_failed, shared_cases, stability_block, unstable_cases
 
 SURELY_SLOWER = 0.05
 """How far below the best's score against v0 a candidate's may be before it is not timed against the best."""
@@ -54,6 +54,26 @@ def _failed_gates(report: dict) -> str:
     failed += [f"{gate}" for gate, status in (report.get("gates") or {}).items()
                if status == "fail" and gate == "policy"]
     return "; ".join(failed)[:1500]
+
+
+BASELINE_TIMING_GATES = {"dispersion", "baseline_agreement"}
+
+
+def baseline_noise_only(report: dict) -> bool:
+    """Whether a verifier report that is not valid failed only on the baseline's (v0's) own timing: on every failed
+    case only the dispersion or the baseline-agreement gate, every role ran, and the candidate's own groups within
+    the limit. Such a verdict says nothing against the candidate (v0 is near its host cost on some cases, so its
+    groups take the host's pace), and the same verification run again can be valid."""
+    failed = [c for c in report.get("cases", []) if c.get("failed")]
+    if report.get("valid") or not failed or report.get("skipped"):
+        return False
+    for case in failed:
+        roles = case.get("roles") or {}
+        times = (roles.get("candidate") or {}).get("times_us") or []
+        if (set(case["failed"]) - BASELINE_TIMING_GATES or any(r.get("error") for r in roles.values())
+                or not times or min(times) <= 0 or max(times) / min(times) > LIMIT):
+            return False
+    return True
 
 
 class Evaluator:

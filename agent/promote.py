@@ -6,7 +6,8 @@ residency guard on vN (on a GPU also the qualification under the verifier's sche
 said and its row's stable cell records it), and with --verify (a GPU) the full verifier on the panel too, the timing
 gates included; refuses with the reason when any fails (unless --force, which the ledger records), copies vN's files
 into methods/main/ and appends a promotion row (first cell `promote vN`). A refusal after the checks ran is a row too
-(decision `refused (...)`, main unchanged): the minutes of measurement behind it are not lost. It never changes
+(decision `refused (...)`, main unchanged): the minutes of measurement behind it are not lost; a verifier refusal
+on v0's own timing alone says so, and that the same promotion can simply run again. It never changes
 methods/versions/.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from agent import ledger
 from agent.config import Task
-from agent.evaluate import Evaluator, correct_cell
+from agent.evaluate import Evaluator, baseline_noise_only, correct_cell
 from agent.workspace import replace_solution
 
 
@@ -105,11 +106,17 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
         stage = evaluator.verify(source)
         log(f"  verifier   {'ok' if stage.ok else 'FAILED'}  {stage.note}")
         if not stage.ok:
+            # a refusal on v0's own timing alone is the hosts' noise, not the candidate's: say so, and what to do
+            retry = (f"only the baseline's (v0's) own timing failed, {version}'s groups were within the limit: "
+                     "run the same promotion again" if baseline_noise_only(stage.report or {}) else "")
             if not force:
                 record(f"refused {version}: verifier on {Path(panel).name}: {stage.note[:400]}; "
-                       f"{task.candidate_dir} unchanged; reports in {evidence}", "refused (verifier)")
+                       + (f"{retry}; " if retry else "")
+                       + f"{task.candidate_dir} unchanged; reports in {evidence}", "refused (verifier)")
                 log(f"promote: refused: {version} fails the verifier: {stage.note} "
                     "(--force overrides, and is recorded); the ledger records the refusal")
+                if retry:
+                    log(f"promote: {retry}")
                 return 1
             log("promote: forcing past the verifier; the ledger records it")
         verified = (f"; verifier on {Path(panel).name}: {stage.note[:160]}" if stage.ok

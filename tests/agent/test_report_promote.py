@@ -162,3 +162,56 @@ def test_a_verifier_refusal_is_a_row_and_leaves_main_alone(project: Path, monkey
     assert row.startswith("| promote v1 |") and "| refused (verifier) |" in row and "| v0 |" in row, row
     assert note in row and "methods/main unchanged; reports in workspace/.promotions/v1-" in row
     assert "; why: a try |" in row and "| 2.400 |" in row
+
+
+REAL_VERDICTS = Path(__file__).resolve().parents[2] / "reports" / "examples" / "h200-weight-stream"
+
+
+def test_baseline_noise_only_reads_real_verifier_reports():
+    """Verifier reports from H200 promotions: refused only on v0's own groups, refused with the candidate's groups
+    over the limit too, and valid."""
+    import json
+
+    from agent.evaluate import baseline_noise_only
+
+    def report(name: str) -> dict:
+        return json.loads((REAL_VERDICTS / name).read_text())
+
+    v0_only = report("verifier-visible-v96-refused.json")  # v0 "after" 1.223 on 18x8192x8192; the candidate 1.016
+    assert baseline_noise_only(v0_only)
+    assert not baseline_noise_only(report("verifier-visible-v95-refused.json"))  # the candidate's 1.158 as well
+    assert not baseline_noise_only(report("verifier-visible-v94-refused.json"))  # the candidate's 1.550 as well
+    assert not baseline_noise_only(report("verifier-visible-v96.json"))  # valid: nothing to retry
+    failed = next(c for c in v0_only["cases"] if c["failed"])
+    failed["roles"]["baseline_after"]["error"] = "exit 1"  # a baseline role that broke is not noise
+    assert not baseline_noise_only(v0_only)
+    failed["roles"]["baseline_after"]["error"] = None
+    failed["failed"].append("numerics_normal")  # nor is a failed correctness gate beside it
+    assert not baseline_noise_only(v0_only)
+
+
+def test_a_refusal_on_v0s_timing_alone_says_run_it_again(project: Path, monkeypatch):
+    """The promotion reads the verifier's own report: a refusal where only v0's groups failed says to run it again,
+    on the console and in the ledger row; one where the candidate's failed too does not."""
+    import json
+
+    from agent.evaluate import Evaluator, Stage
+    from agent.promote import promote
+
+    versions, main = project / "methods" / "versions", project / "methods" / "main" / "solution.py"
+    (versions / "v1").mkdir()
+    (versions / "v1" / "solution.py").write_text(main.read_text().replace('"BLOCK_SIZE_N": 64', '"BLOCK_SIZE_N": 32'))
+    checked = {"stages": [], "valid": True, "failed_stage": None, "note": "ok", "correct": True, "raised": False,
+               "residency": "ok", "strata": {"balanced": 3.0, "expert-batch": 2.0}, "score": 2.4, "stable": "yes",
+               "stability_note": ""}
+    monkeypatch.setattr(Evaluator, "evaluate", lambda self, source, baseline, best_is_baseline: checked)
+    for name, retry in (("verifier-visible-v96-refused.json", True), ("verifier-visible-v95-refused.json", False)):
+        report = json.loads((REAL_VERDICTS / name).read_text())
+        monkeypatch.setattr(Evaluator, "verify",
+                            lambda self, source, report=report: Stage("verifier", False, 1, 400.0, "not valid", report))
+        said = []
+        code = promote(Task(root=project), "v1", cuda=True, panel="visible", log=said.append, verify=True)
+        hint = "only the baseline's (v0's) own timing failed, v1's groups were within the limit: run the same promotion"
+        assert code == 1 and main.read_text() != (versions / "v1" / "solution.py").read_text()
+        assert any(hint in line for line in said) == retry, said
+        assert (hint in promotion_rows(project)[-1]) == retry
