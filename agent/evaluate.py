@@ -60,18 +60,28 @@ BASELINE_TIMING_GATES = {"dispersion", "baseline_agreement"}
 
 
 def baseline_noise_only(report: dict) -> bool:
-    """Whether a verifier report that is not valid failed only on the baseline's (v0's) own timing: on every failed
-    case only the dispersion or the baseline-agreement gate, every role ran, and the candidate's own groups within
-    the limit. Such a verdict says nothing against the candidate (v0 is near its host cost on some cases, so its
-    groups take the host's pace), and the same verification run again can be valid."""
+    """Whether a finished verifier report that is not valid failed only on the baseline's (v0's) own timing: on
+    every failed case only the dispersion or the baseline-agreement gate, every role ran and passed its own gates and
+    was timed, and the candidate's groups are within the limit. Such a verdict says nothing against the candidate
+    (v0 is near its host cost on some cases, so its groups take the host's pace), and the same verification run
+    again can be valid. A partial report (a verifier cut off) is never one."""
     failed = [c for c in report.get("cases", []) if c.get("failed")]
-    if report.get("valid") or not failed or report.get("skipped"):
+    if report.get("valid") or report.get("partial") or "gates" not in report or not failed or report.get("skipped"):
         return False
+    if any(status == "fail" and gate not in BASELINE_TIMING_GATES for gate, status in report["gates"].items()):
+        return False
+
+    def timed(role: dict | None) -> list[float]:  # a role's groups, empty where it broke or failed a gate of its own
+        role = role or {}
+        broken = role.get("error") or any((g or {}).get("status") == "fail" for g in (role.get("gates") or {}).values())
+        times = [] if broken else role.get("times_us") or []
+        return times if times and min(times) > 0 else []
+
     for case in failed:
         roles = case.get("roles") or {}
-        times = (roles.get("candidate") or {}).get("times_us") or []
-        if (set(case["failed"]) - BASELINE_TIMING_GATES or any(r.get("error") for r in roles.values())
-                or not times or min(times) <= 0 or max(times) / min(times) > LIMIT):
+        groups = {name: timed(roles.get(name)) for name in ("baseline_before", "candidate", "baseline_after")}
+        if (set(case["failed"]) - BASELINE_TIMING_GATES or not all(groups.values())
+                or max(groups["candidate"]) / min(groups["candidate"]) > LIMIT):
             return False
     return True
 

@@ -186,6 +186,11 @@ def test_baseline_noise_only_reads_real_verifier_reports():
     failed["roles"]["baseline_after"]["error"] = "exit 1"  # a baseline role that broke is not noise
     assert not baseline_noise_only(v0_only)
     failed["roles"]["baseline_after"]["error"] = None
+    assert baseline_noise_only(v0_only)
+    failed["roles"]["baseline_after"]["gates"]["residency"]["status"] = "fail"  # nor is one that failed a gate
+    assert not baseline_noise_only(v0_only)
+    failed["roles"]["baseline_after"]["gates"]["residency"]["status"] = "pass"
+    assert not baseline_noise_only(dict(v0_only, partial=True))  # a verifier cut off judged only some cases
     failed["failed"].append("numerics_normal")  # nor is a failed correctness gate beside it
     assert not baseline_noise_only(v0_only)
 
