@@ -10,7 +10,10 @@ the already-compiled kernel's launcher). Then per implementation: eager latency 
 11 groups of 64), GPU time by CUDA-graph replay with the L2 hot and with the L2 flushed before every replay (seed
 002's dual qualification), the host cost per call with the GPU kept busy (``host_us``, evals/stability.py: eager time
 near it means host-bound), eager over the larger of the case's floors (``x_floor``: the compiled-launch host floor or
-the GPU floor, whichever binds; 1.0 would be at that bound), and correctness on normal inputs. Peers: torch dequantize +
+the GPU floor, whichever binds; 1.0 would be at that bound), the board's power, SM clock and energy per call over a
+second of back-to-back calls (evals/power.py: a row whose note says power-capped ran at the board's power limit with
+its SM clock lowered, so its eager time is near the power bound, not the bandwidth bound), and correctness on normal
+inputs. Peers: torch dequantize +
 addmm (allowed), a dense fp16 torch reference (NOT allowed by the residency contract: it keeps the dequantized
 weight), torch._weight_int4pack_mm (tinygemm; bf16 activations, so labelled) and gemlite when installed. Needs CUDA.
 """
@@ -27,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from evals import kernel_harness as kh
-from evals import stability
+from evals import power, stability
 from evals.loader import load_solution, resolve_solution_dir
 from evals.selfcheck import error_line
 
@@ -51,6 +54,7 @@ class Row:
     host_us: float | None = None  # host cost per call with the GPU kept busy (evals/stability.py)
     gpu_us: float | None = None  # the same pass's back-to-back GPU time per call
     floor_ratio: float | None = None  # eager / max(compiled-launch host floor, GPU floor): floor_ratio()
+    power: dict | None = None  # board power, SM clock and energy per call, back to back (evals/power.py)
     error: str | None = None
 
 
@@ -180,6 +184,7 @@ def bench_impl(name: str, note: str, build, case: kh.Case, weights, inputs, copy
         ref = kh.reference(weights.x, weights.qweight, weights.scales, weights.bias, weights.residual, case.epilogue)
         row.correct = kh.check_output(fn(weights.x, weights.residual), ref, (case.m, case.n)).ok
         row.eager_us = eager_us(fn, inputs, *((8192, 11, 512) if full else (512, 11, 64)))
+        row.power = power.probe(fn, inputs, weights.x.device, row.eager_us)  # the state the eager loop left
         row.graph_hot_us = graph_us(fn, *inputs[0], None)
         row.graph_flushed_us = graph_us(fn, *inputs[0], flush)
         row.flushed_copy_fraction = case.bytes_moved() / row.graph_flushed_us / 1e3 / copy_gbps
@@ -199,6 +204,13 @@ def run(panel: str, solutions: list[Path], log=print, peers: bool = True) -> dic
     floors = host_floors(info.device)
     log(f"copy bandwidth {copy_gbps:.0f} GB/s; host floors: JIT launch {floors['jit_launch_us']:.2f} us, "
         f"compiled launch {floors['compiled_launch_us']:.2f} us")
+    try:
+        board = power.meter(info.device)
+        board_info = {"limit_w": board.limit_w, "max_sm_mhz": board.max_sm_mhz}
+        log(f"power limit {board.limit_w:.0f} W, SM clock up to {board.max_sm_mhz} MHz")
+    except power.PowerUnavailable as exc:
+        board_info = {"note": f"not measured: {exc}"}
+        log(f"power: not measured ({exc})")
     impls = [(p.name, "ours", load_solution(p).build, True) for p in solutions]
     if peers:
         impls += [(name, note, build, False) for name, (build, note) in PEERS.items()]
@@ -221,7 +233,8 @@ def run(panel: str, solutions: list[Path], log=print, peers: bool = True) -> dic
         cases.append({"case": kh.case_dict(case), "roofline_us": roofline_us, "gpu_floor_us": gpu_floor,
                       "target_us": target, "rows": [asdict(r) for r in rows]})
         log(format_case(cases[-1]))
-    return {"device": info.name, "copy_gbps": copy_gbps, "host_floors": floors, "panel": str(panel), "cases": cases}
+    return {"device": info.name, "copy_gbps": copy_gbps, "host_floors": floors, "power": board_info,
+            "panel": str(panel), "cases": cases}
 
 
 def format_case(entry: dict) -> str:
@@ -232,13 +245,17 @@ def format_case(entry: dict) -> str:
     lines = [f"{c['name']} ({c['stratum']}): roofline {entry['roofline_us']:.2f} us, "
              f"GPU floor {entry['gpu_floor_us']:.2f} us, target (1.5x the larger floor) {entry['target_us']:.2f} us"]
     lines.append(f"  {'implementation':<28} {'eager_us':>9} {'graph_hot':>9} {'flushed':>9} {'host_us':>8} "
-                 f"{'%copy':>6} {'x_floor':>7} {'correct':>7}  note")
+                 f"{'%copy':>6} {'x_floor':>7} {'watts':>6} {'sm_mhz':>6} {'mJ':>6} {'correct':>7}  note")
     for r in entry["rows"]:
+        p = r.get("power") or {}
+        capped = power.describe(p)
         lines.append(f"  {r['impl']:<28} {num(r['eager_us']):>9} {num(r['graph_hot_us']):>9} "
                      f"{num(r['graph_flushed_us']):>9} {num(r.get('host_us')):>8} "
                      f"{num(r['flushed_copy_fraction'] and 100 * r['flushed_copy_fraction'], '.1f'):>6} "
-                     f"{num(r.get('floor_ratio')):>7} "
+                     f"{num(r.get('floor_ratio')):>7} {num(p.get('power_w'), '.0f'):>6} "
+                     f"{num(p.get('sm_mhz'), '.0f'):>6} {num(p.get('energy_mj')):>6} "
                      f"{'-' if r['correct'] is None else ('yes' if r['correct'] else 'NO'):>7}  {r['note']}"
+                     + (f"; {capped.split(':')[0]}" if capped else "")
                      + (f"; error {r['error']}" if r['error'] else ""))
     return "\n".join(lines)
 

@@ -8,10 +8,11 @@ bandwidth; FLOP and the fraction of the measured fp16 matmul rate; host time per
 (the launch-overhead share); the kernels one call launches with their grids against the SM count and their
 registers and shared memory (torch.profiler); each Triton kernel's registers and spills (Triton's compiled-kernel
 metadata); with --ncu, where Nsight Compute works, the main kernel's DRAM, L2 and L1 throughput, achieved and
-theoretical occupancy, issue activity, registers, shared memory and top stall reasons. Then a bottleneck label with
-the evidence behind it. ``--overrides JSON`` passes tuning overrides to a family's ``build(..., config=)``. The two
-ceilings are measured once per device and cached in ~/.cache/kloop/. Without a GPU it says so and reports the static
-numbers (bytes, FLOP).
+theoretical occupancy, issue activity, registers, shared memory and top stall reasons; the board's power, SM clock
+and energy per call over a second of back-to-back calls (evals/power.py). Then a bottleneck label with the evidence
+behind it ("power-capped" where the board sat at its power limit with its SM clock lowered). ``--overrides JSON``
+passes tuning overrides to a family's ``build(..., config=)``. The two ceilings are measured once per device and
+cached in ~/.cache/kloop/. Without a GPU it says so and reports the static numbers (bytes, FLOP).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from pathlib import Path
 import torch
 
 from evals import kernel_harness as kh
-from evals import stability
+from evals import power, stability
 from evals.loader import load_solution, resolve_solution_dir, unload_solution
 from evals.selfcheck import CANDIDATE_ERRORS, error_record
 
@@ -85,6 +86,7 @@ class CaseProfile:
     kernels: list[KernelLaunch] = field(default_factory=list)
     triton_kernels: list[dict] = field(default_factory=list)
     ncu: dict | None = None
+    power: dict | None = None  # board power, SM clock and energy per call, back to back (evals/power.py)
     bottleneck: str = "unknown"
     evidence: str = ""
     error: dict | None = None
@@ -158,6 +160,9 @@ def label(p: CaseProfile, sm_count: int) -> tuple[str, str]:
         return "launch-bound", (f"host {p.host_us_per_call:.1f} us per call vs GPU {p.gpu_us_per_call:.1f} us: "
                                 f"the GPU idles {100 * share:.0f}% of the time; "
                                 f"{sum(k.calls_per_call for k in p.kernels):.0f} kernel(s) per call")
+    capped = power.describe(p.power)
+    if capped and capped.startswith("power-capped"):  # the SM clock, not the copy engine, sets the time
+        return "power-capped", f"{capped}; {100 * (p.copy_fraction or 0):.1f}% of copy bandwidth"
     if main and programs < sm_count:
         return "under-filled grid", (f"{main.name}: {programs} programs on {sm_count} SMs; "
                                      f"{100 * (p.copy_fraction or 0):.1f}% of copy bandwidth")
@@ -253,6 +258,7 @@ def profile_case(solution: Path, case: kh.Case, device: torch.device, rates: dic
         p.tflops = p.flop / p.median_us / 1e6
         p.matmul_fraction = p.tflops / rates["matmul_tflops"]
         p.host_us_per_call = stability.probe(fn, inputs, device)["host_us"]  # the GPU kept busy: no wait in it
+        p.power = power.probe(fn, inputs, device, p.median_us)
         p.kernels = profile_kernels(fn, inputs, PROFILED_CALLS)
         p.gpu_us_per_call = sum(k.gpu_us * k.calls_per_call for k in p.kernels)
         p.launch_overhead_share = max(0.0, 1 - p.gpu_us_per_call / p.median_us)
@@ -313,6 +319,8 @@ def format_row(p: CaseProfile) -> str:
     for t in p.triton_kernels:
         line += (f"\n    triton {t['kernel']}: {t['registers']} registers, {t['spills']} spills, "
                  f"{t['shared_memory_bytes']} B shared")
+    if p.power:
+        line += "\n    power: " + (power.describe(p.power) or power.numbers(p.power))
     if p.ncu:
         line += "\n    ncu: " + format_ncu(p.ncu)
     if p.error:

@@ -9,6 +9,7 @@ import torch
 from evals import kernel_harness as kh
 from evals.profile import CaseProfile, KernelLaunch, format_ncu, label, ncu_kernel_filter, parse_ncu_raw
 from tests.conftest import ROOT
+from tests.evals.test_power import CAPPED
 
 # `ncu --csv --page raw` with the summary's sections, as Nsight Compute 2025.3 printed it on an H200 (one kernel: a
 # torch elementwise kernel that a target's set-up launched; the parser reads any kernel the same way)
@@ -36,6 +37,12 @@ def profile(grid, **numbers):
       "matmul_fraction": 0.01}, "memory-bound"),
     ({"host_us_per_call": 8, "gpu_us_per_call": 60, "median_us": 60, "launch_overhead_share": 0.0, "copy_fraction": 0.1,
       "matmul_fraction": 0.6}, "compute-bound"),
+    # the board at its power limit with the SM clock lowered: the clock, not the copy engine, sets the time
+    ({"host_us_per_call": 16, "gpu_us_per_call": 53, "median_us": 53, "launch_overhead_share": 0.0,
+      "copy_fraction": 0.58, "matmul_fraction": 0.3, "power": CAPPED}, "power-capped"),
+    # the cap touched in a few samples only: the label the rest of the evidence gives
+    ({"host_us_per_call": 16, "gpu_us_per_call": 53, "median_us": 53, "launch_overhead_share": 0.0,
+      "copy_fraction": 0.58, "matmul_fraction": 0.3, "power": dict(CAPPED, capped=0.2)}, "memory-bound"),
 ])
 def test_bottleneck_labels_follow_the_evidence(numbers, want):
     p = profile(numbers.pop("grid", [1024, 1, 1]), **numbers)
@@ -71,7 +78,8 @@ def test_v0_profile_on_the_gpu(tmp_path, panel_file):
     assert case["median_us"] > 0 and 0 < case["copy_fraction"] < 1
     assert case["kernels"] and case["kernels"][0]["calls_per_call"] == 1 and case["kernels"][0]["grid"]
     assert case["triton_kernels"] and case["triton_kernels"][0]["registers"] > 0
-    assert case["bottleneck"] in {"launch-bound", "under-filled grid", "memory-bound", "compute-bound"}
+    assert case["bottleneck"] in {"launch-bound", "under-filled grid", "memory-bound", "compute-bound", "power-capped"}
+    assert case["power"]["note"] == "measured" and case["power"]["energy_mj"] > 0, case["power"]
 
 
 def test_the_ncu_summary_reads_nsight_computes_raw_page():

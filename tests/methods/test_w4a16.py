@@ -188,9 +188,25 @@ def test_the_widest_deep_tier_is_warp_specialized_for_every_m():
             cfg = S.plan(m, k, n)
             assert (cfg["WS"], cfg["BLOCK_SIZE_N"], cfg["WS_STAGES"], cfg["WS_MAXNREG"]) == (1, 128, 4, 72), (m, k, n)
             assert cfg["M_TILES"] * cfg["N_TILES"] * cfg["SPLIT_K"] <= 264 or cfg["SPLIT_K"] == 1, (m, k, n)
-    for m, k, n in ((24, 8064, 28672), (24, 8192, 23552), (24, 8192, 16384), (32, 28672, 8192)):
+    for m, k, n in ((24, 8064, 28672), (24, 8192, 23552), (24, 8192, 16384)):
         assert S.plan(m, k, n)["BLOCK_SIZE_N"] == 64, (m, k, n)
     assert S.plan(24, 8192, 28672)["SPLIT_K"] == 1
+
+
+def test_the_deepest_tier_of_64_to_66_wide_tiles_keeps_four_splits_in_one_wave():
+    """N 8192-8448 at K >= 16384 takes the same 128-column WS loop (4 stages, cap 72) in 4 splits, 256-264
+    programs of the 264-program wave, for every M up to 32; the neighbours (a narrower or wider N, a shallower K)
+    keep 64 columns."""
+    tier = S.TIERS[1]
+    assert (tier["N_MIN"], tier["N_MAX"], tier["K_MIN"]) == (8192, 8448, 16384)
+    for k, n in ((16384, 8192), (28672, 8192), (28672, 8448), (57344, 8192)):
+        for m in range(1, 33):
+            cfg = S.plan(m, k, n)
+            assert (cfg["WS"], cfg["BLOCK_SIZE_N"], cfg["WS_STAGES"], cfg["WS_MAXNREG"], cfg["SPLIT_K"]) == \
+                (1, 128, 4, 72, 4), (m, k, n)
+            assert 256 <= cfg["M_TILES"] * cfg["N_TILES"] * cfg["SPLIT_K"] <= 264, (m, k, n)
+    for m, k, n in ((32, 28672, 7936), (32, 28672, 8704), (32, 16256, 8192), (27, 25472, 9216)):
+        assert S.plan(m, k, n)["BLOCK_SIZE_N"] == 64, (m, k, n)
 
 
 def test_warp_specialized_plans_take_the_most_splits_that_keep_one_wave():
@@ -648,17 +664,18 @@ def test_the_warp_specialized_loop_compiles_for_hopper_as_the_prototype_measured
     other tile width (one consumer warpgroup or two), and for one row of x: the words, x and scales through the copy
     engine, one wgmma wait and 144-149 instructions per step in the consumer with 32-row x tiles (the prototype's
     146-150; 16-row tiles scale half the partial: 128-130), no spills, and in a split plan a barrier between the
-    last split's reads of the sums and their zeroing. The widest deep tier's 128-column tiles in 4 stages fit one
-    wave of 264 programs unsplit at 24x8192x28672 and one row of x; one row is compiled at its split-K plan's 3
-    splits too."""
+    last split's reads of the sums and their zeroing. The 128-column tiers' tiles in 4 stages fit one wave of 264
+    programs: unsplit at 24x8192x28672 and one row of x, in 4 splits at 32x28672x8192; one row is compiled at its
+    split-K plan's 3 splits too."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, str(Path(__file__).with_name("hopper_compile.py")), str(FAMILY), "--ws"],
                          capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-3000:]
     compiled = json.loads(run.stdout)
     assert [(k["case"], k["block_n"], k["stages"], k["split_k"]) for k in compiled] == [
-        ("24x8192x28672-gelu_tanh", 128, 4, 1), ("32x28672x8192-silu", 64, 3, 4), ("24x8192x28672-gelu_tanh", 64, 3, 1),
-        ("32x28672x8192-silu", 128, 3, 4), ("1x8192x28672-gelu_tanh", 128, 4, 1), ("1x8192x28672-gelu_tanh", 128, 4, 3)]
+        ("24x8192x28672-gelu_tanh", 128, 4, 1), ("32x28672x8192-silu", 128, 4, 4),
+        ("24x8192x28672-gelu_tanh", 64, 3, 1), ("32x28672x8192-silu", 64, 3, 4),
+        ("1x8192x28672-gelu_tanh", 128, 4, 1), ("1x8192x28672-gelu_tanh", 128, 4, 3)]
     for kernel in compiled:
         assert kernel["tma"] and kernel["f16x2_dequant"], kernel
         assert kernel["barrier_after_reads"] == (kernel["split_k"] > 1), kernel

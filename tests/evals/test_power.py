@@ -1,0 +1,81 @@
+"""The power probe: what it says without NVML or CUDA, how it reads a pass, and (on a GPU) what it measures."""
+import ctypes
+
+import pytest
+import torch
+
+from evals import power
+from evals.bench import format_case
+
+
+def nvml_loadable() -> bool:
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+        return True
+    except OSError:
+        return False
+
+
+def test_off_cuda_the_probe_measures_nothing_and_says_why():
+    called = []
+    p = power.probe(lambda: called.append(1), [()], torch.device("cpu"), 10.0)
+    assert p == {"note": "not measured: no CUDA device"} and not called
+    assert power.describe(p) is None and power.numbers(p) == "not measured: no CUDA device"
+
+
+@pytest.mark.skipif(nvml_loadable(), reason="checks a machine without the NVIDIA driver's NVML")
+def test_without_nvml_the_meter_says_what_is_missing():
+    with pytest.raises(power.PowerUnavailable, match="libnvidia-ml.so.1"):
+        power.meter(torch.device("cuda", 0))
+
+
+# a pass as the probe reports it: an H200 at its 700 W limit, SM clock lowered (the board's numbers from nvidia-smi
+# during main's 32x28672x8192 eager loop, reports/examples/h200-power)
+CAPPED = {"energy_mj": 37.2, "power_w": 694.0, "limit_w": 700.0, "sm_mhz": 1650.0, "max_sm_mhz": 1980,
+          "capped": 0.9, "thermal": 0.0, "reasons": ["SW power cap"], "calls": 19000, "note": "measured"}
+
+
+@pytest.mark.parametrize("change, want", [
+    ({}, "power-capped (power cap active in 90% of samples): 694 W of a 700 W limit, SM clock 1650 of 1980 MHz"),
+    ({"capped": 0.5}, "power-capped (power cap active in 50% of samples)"),
+    ({"capped": 0.2}, None),  # the cap touched now and then: the clock mostly at its maximum
+    ({"capped": 0.0, "thermal": 0.8, "reasons": ["SW thermal slowdown"]}, "thermally slowed (80% of samples)"),
+    ({"note": "not measured: NVML nvmlDeviceGetTotalEnergyConsumption returned 3"}, None),
+])
+def test_a_pass_is_power_capped_when_the_cap_held_in_most_samples(change, want):
+    said = power.describe(dict(CAPPED, **change))
+    assert said == want if want is None else said.startswith(want)
+
+
+def test_the_bench_table_shows_power_clock_and_energy_and_flags_a_capped_row():
+    row = {"impl": "main", "note": "ours", "correct": True, "eager_us": 53.5, "graph_hot_us": 52.0,
+           "graph_flushed_us": 52.1, "flushed_copy_fraction": 0.58, "host_us": 15.6, "floor_ratio": 1.54,
+           "power": CAPPED, "error": None}
+    cool = dict(row, impl="v0", power=dict(CAPPED, capped=0.0, power_w=420.0, sm_mhz=1980.0))
+    unmeasured = dict(row, impl="peer", power={"note": "not measured: no CUDA device"})
+    entry = {"case": {"name": "32x28672x8192-silu", "stratum": "balanced"}, "roofline_us": 30.0,
+             "gpu_floor_us": 34.0, "target_us": 51.0, "rows": [row, cool, unmeasured]}
+    lines = format_case(entry).splitlines()
+    header = lines[1].split()
+    capped, plain, blank = (line.split() for line in lines[2:5])
+    assert [capped[header.index(k)] for k in ("watts", "sm_mhz", "mJ")] == ["694", "1650", "37.20"]
+    assert lines[2].endswith("ours; power-capped (power cap active in 90% of samples)")
+    assert plain[header.index("watts")] == "420" and "power-capped" not in lines[3]
+    assert [blank[header.index(k)] for k in ("watts", "sm_mhz", "mJ")] == ["-", "-", "-"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_the_probe_reads_the_boards_energy_over_a_known_busy_stretch():
+    from evals import stability
+
+    device = torch.device("cuda")
+    per_call_us = 200.0
+    p = power.probe(lambda: stability.spin(device, per_call_us), [()], device, per_call_us, min_ms=500)
+    assert p["note"] == "measured", p
+    assert p["calls"] >= 500 * 1000 / per_call_us
+    # a spin kernel keeps one SM busy: the board draws more than nothing and less than its limit allows past
+    assert 10 < p["power_w"] < 1.2 * p["limit_w"] and p["energy_mj"] > 0
+    assert 0 < p["sm_mhz"] <= p["max_sm_mhz"] and 0 <= p["capped"] <= 1
+    # energy per call is the pass's power over its calls: about power x the call's time
+    assert p["energy_mj"] == pytest.approx(p["power_w"] * per_call_us / 1000, rel=0.5)
