@@ -3,14 +3,16 @@
 A kernel that streams its weights at full HBM bandwidth, dequantizes and runs tensor-core work on every byte can draw
 the board's whole power limit under a sustained eager loop (an H200: 700 W). The driver then lowers the SM clock
 (clock-event reason "SW power cap") and every call takes longer than it does in a short burst from a cool start, while
-the memory clock stays where it was. On an H200 main's 117 MB cases ran 43-44 us a call for the first 512 calls and
-49-54 us once the board sat at its limit, SM clock 1,400-1,700 MHz of 1,980 (reports/examples/h200-power). Such a
+the memory clock stays where it was. On an H200 main's 117 MB cases ran 43-46 us a call for the first 512 calls and
+48-54 us once the board sat at its limit, SM clock mostly 1,400-1,800 MHz of 1,980 (reports/examples/h200-power). Such a
 time is near the power bound, not the bandwidth bound: what moves it is energy per call (fewer instructions, fewer
 bytes through L2 and shared memory per weight byte), which ``probe`` measures.
 
 ``probe`` runs the callable back to back for at least ``min_ms`` of GPU time, reading the board's energy counter
 before and after (NVML, through ctypes: no Python package needed) and its SM clock and clock-event reasons while the
-GPU is busy. Without NVML (no NVIDIA driver, as on the CPU machines) it says so and measures nothing.
+GPU is busy. A pass is power-capped by its clock-event reasons, not by its watts: the energy counter's mean over a
+pass can read a few percent past the limit with no cap active (v0's 117 MB case on an H200: 715 W, SM clock 1,980 MHz).
+Without NVML (no NVIDIA driver, as on the CPU machines) it says so and measures nothing.
 """
 from __future__ import annotations
 

@@ -134,6 +134,15 @@ TIERS = [
     # to 23552 would keep 3-4 splits, 2-3 waves of these programs, which lost 0.85-0.87x on the H200.
     {"N_MIN": 23808, "N_MAX": 1 << 40, "K_MIN": 8192, "K_MAX": 1 << 40, "MIN_PROGRAMS": 528, "num_stages": 3,
      "num_warps": 8, "BLOCK_SIZE_N": 128, "WS_STAGES": 4, "WS_MAXNREG": 72, "WS_MAX_PROGRAMS": 264},
+    # the deepest weights of 64-66 128-column tiles: 4 splits of them fill 97-100% of the 264-program wave. On the H200
+    # the two 117 MB cases draw the board's 700 W limit under a sustained eager loop, which lowers the SM clock
+    # (evals/power.py); 128-column tiles move half the x bytes through L2 and shared memory per weight byte, so each
+    # call takes less energy and the clock stays higher: 32x28672x8192 ran 1.05x faster sustained (48.4-48.5 against
+    # 51.0 us; SM clock 1695 against 1560 MHz) and 1.01x in a burst from a cool board (reports/examples/h200-power).
+    # N 8704-11264 (3 splits, 77-100% of the wave) is unmeasured and keeps 64 columns.
+    # Its num_warps and num_stages, as the tier above, serve only the split-K kernel of GPUs without the WS loop.
+    {"N_MIN": 8192, "N_MAX": 8448, "K_MIN": 16384, "K_MAX": 1 << 40, "BLOCK_SIZE_N": 128, "num_warps": 8,
+     "num_stages": 3, "WS_STAGES": 4, "WS_MAXNREG": 72, "WS_MAX_PROGRAMS": 264},
     # the other widest outputs: at 64 columns 24x8192x28672 ran two splits faster than one (59.1 vs 62.3 us eager
     # on the H200, the split-K kernel)
     {"N_MIN": 16384, "N_MAX": 1 << 40, "K_MIN": 128, "K_MAX": 1 << 40, "MIN_PROGRAMS": 528, "num_stages": 3},

@@ -1,11 +1,18 @@
 """The power probe: what it says without NVML or CUDA, how it reads a pass, and (on a GPU) what it measures."""
 import ctypes
+import json
 
 import pytest
 import torch
 
 from evals import power
 from evals.bench import format_case
+from tests.conftest import ROOT
+
+# make bench on an H200 with main v97 beside v0 (reports/examples/h200-power): each row's power probe
+BENCH = ROOT / "reports" / "examples" / "h200-power" / "bench-v97.json"
+PROBES = {(c["case"]["name"], r["impl"]): r["power"] for c in json.loads(BENCH.read_text())["cases"] for r in c["rows"]}
+CAPPED = PROBES[("32x28672x8192-silu", "main")]
 
 
 def nvml_loadable() -> bool:
@@ -29,14 +36,9 @@ def test_without_nvml_the_meter_says_what_is_missing():
         power.meter(torch.device("cuda", 0))
 
 
-# a pass as the probe reports it: an H200 at its 700 W limit, SM clock lowered (the board's numbers from nvidia-smi
-# during main's 32x28672x8192 eager loop, reports/examples/h200-power)
-CAPPED = {"energy_mj": 37.2, "power_w": 694.0, "limit_w": 700.0, "sm_mhz": 1650.0, "max_sm_mhz": 1980,
-          "capped": 0.9, "thermal": 0.0, "reasons": ["SW power cap"], "calls": 19000, "note": "measured"}
-
-
 @pytest.mark.parametrize("change, want", [
-    ({}, "power-capped (power cap active in 90% of samples): 694 W of a 700 W limit, SM clock 1650 of 1980 MHz"),
+    ({}, "power-capped (power cap active in 100% of samples): 643 W of a 700 W limit, SM clock 1665 of 1980 MHz, "
+         "33.66 mJ a call"),
     ({"capped": 0.5}, "power-capped (power cap active in 50% of samples)"),
     ({"capped": 0.2}, None),  # the cap touched now and then: the clock mostly at its maximum
     ({"capped": 0.0, "thermal": 0.8, "reasons": ["SW thermal slowdown"]}, "thermally slowed (80% of samples)"),
@@ -47,20 +49,30 @@ def test_a_pass_is_power_capped_when_the_cap_held_in_most_samples(change, want):
     assert said == want if want is None else said.startswith(want)
 
 
+def test_on_the_h200_only_mains_two_117_mb_rows_ran_power_capped():
+    """The cap is read from the clock-event reasons, not from the watts: v0's 117 MB rows drew as much (the energy
+    counter's mean can read past the 700 W limit) with the SM clock at its maximum."""
+    capped = {key for key, probe in PROBES.items() if power.describe(probe)}
+    assert capped == {("24x8192x28672-gelu_tanh", "main"), ("32x28672x8192-silu", "main")}
+    v0 = PROBES[("24x8192x28672-gelu_tanh", "v0")]
+    assert v0["power_w"] > 0.9 * v0["limit_w"] and v0["sm_mhz"] == v0["max_sm_mhz"] and v0["capped"] == 0
+    assert all(PROBES[key]["sm_mhz"] < 0.9 * PROBES[key]["max_sm_mhz"] for key in capped)
+
+
 def test_the_bench_table_shows_power_clock_and_energy_and_flags_a_capped_row():
     row = {"impl": "main", "note": "ours", "correct": True, "eager_us": 53.5, "graph_hot_us": 52.0,
            "graph_flushed_us": 52.1, "flushed_copy_fraction": 0.58, "host_us": 15.6, "floor_ratio": 1.54,
            "power": CAPPED, "error": None}
-    cool = dict(row, impl="v0", power=dict(CAPPED, capped=0.0, power_w=420.0, sm_mhz=1980.0))
+    cool = dict(row, impl="v0", power=PROBES[("32x28672x8192-silu", "v0")])
     unmeasured = dict(row, impl="peer", power={"note": "not measured: no CUDA device"})
     entry = {"case": {"name": "32x28672x8192-silu", "stratum": "balanced"}, "roofline_us": 30.0,
              "gpu_floor_us": 34.0, "target_us": 51.0, "rows": [row, cool, unmeasured]}
     lines = format_case(entry).splitlines()
     header = lines[1].split()
     capped, plain, blank = (line.split() for line in lines[2:5])
-    assert [capped[header.index(k)] for k in ("watts", "sm_mhz", "mJ")] == ["694", "1650", "37.20"]
-    assert lines[2].endswith("ours; power-capped (power cap active in 90% of samples)")
-    assert plain[header.index("watts")] == "420" and "power-capped" not in lines[3]
+    assert [capped[header.index(k)] for k in ("watts", "sm_mhz", "mJ")] == ["643", "1665", "33.66"]
+    assert lines[2].endswith("ours; power-capped (power cap active in 100% of samples)")
+    assert plain[header.index("watts")] == "589" and "power-capped" not in lines[3]
     assert [blank[header.index(k)] for k in ("watts", "sm_mhz", "mJ")] == ["-", "-", "-"]
 
 

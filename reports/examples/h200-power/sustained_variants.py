@@ -67,8 +67,8 @@ def main():
             print(f"  round {round_} {label}: burst {burst:.2f} us, eager {kh.median(eager):.2f} us "
                   f"(max/min {max(eager) / min(eager):.3f}); {power.describe(p) or power.numbers(p)}", flush=True)
     base = variants[0][3] if variants and variants[0][2] else None
-    print(f"{case.name}: medians over the rounds" + (" (ratios: the first variant's time over this one's)"
-                                                    if base else ""))
+    print(f"{case.name}: medians over the rounds (of two, the larger)"
+          + (" (ratios: the first variant's time over this one's)" if base else ""))
     for label, fn, ok, results in variants:
         if not results:
             print(f"  {label}: not timed (incorrect output)" if not ok else f"  {label}: no result")
