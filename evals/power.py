@@ -4,14 +4,17 @@ A kernel that streams its weights at full HBM bandwidth, dequantizes and runs te
 the board's whole power limit under a sustained eager loop (an H200: 700 W). The driver then lowers the SM clock
 (clock-event reason "SW power cap") and every call takes longer than it does in a short burst from a cool start, while
 the memory clock stays where it was. On an H200 main's 117 MB cases ran 43-46 us a call for the first 512 calls and
-48-54 us once the board sat at its limit, SM clock mostly 1,400-1,800 MHz of 1,980 (reports/examples/h200-power). Such a
-time is near the power bound, not the bandwidth bound: what moves it is energy per call (fewer instructions, fewer
-bytes through L2 and shared memory per weight byte), which ``probe`` measures.
+49-56 us once the board sat at its limit, SM clock mostly 1,400-1,800 MHz of 1,980 (reports/examples/h200-power). Such a
+time is near the power bound, not the bandwidth bound: what moves it is the energy a call's work takes (fewer
+instructions, fewer bytes through L2 and shared memory per weight byte), which shows as a higher SM clock at the same
+power. Under the cap the energy per call mostly tracks the time per call (the board's limit times the call's time).
 
 ``probe`` runs the callable back to back for at least ``min_ms`` of GPU time, reading the board's energy counter
 before and after (NVML, through ctypes: no Python package needed) and its SM clock and clock-event reasons while the
-GPU is busy. A pass is power-capped by its clock-event reasons, not by its watts: the energy counter's mean over a
-pass can read a few percent past the limit with no cap active (v0's 117 MB case on an H200: 715 W, SM clock 1,980 MHz).
+GPU is busy. A pass is power-capped by its clock-event reasons (the SW power cap, or the HW power brake), not by its
+watts: the energy counter's mean over a one-second pass spreads by about 10% (one plan: 648 and 716 W in two passes,
+both capped), so it can read past the limit with no cap active (v0's 117 MB case on an H200: 715 W, SM clock
+1,980 MHz) or under it with the cap held.
 Without NVML (no NVIDIA driver, as on the CPU machines) it says so and measures nothing.
 """
 from __future__ import annotations
@@ -61,12 +64,14 @@ class Meter:
         lib = self.lib = _library()
         props = torch.cuda.get_device_properties(device)
         self.handle = ctypes.c_void_p()
-        code = lib.nvmlDeviceGetHandleByUUID(f"GPU-{props.uuid}".encode(), ctypes.byref(self.handle))
-        if code != 0:
-            bus = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0".encode()
+        uuid = getattr(props, "uuid", None)
+        code = -1 if uuid is None else lib.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}".encode(), ctypes.byref(self.handle))
+        pci = [getattr(props, name, None) for name in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
+        if code != 0 and None not in pci:  # the same GPU by its PCI address
+            bus = "{:08x}:{:02x}:{:02x}.0".format(*pci).encode()
             code = lib.nvmlDeviceGetHandleByPciBusId_v2(bus, ctypes.byref(self.handle))
         if code != 0:
-            raise PowerUnavailable(f"NVML does not know CUDA device {device} (uuid GPU-{props.uuid}; error {code})")
+            raise PowerUnavailable(f"NVML does not know CUDA device {device} (uuid {uuid}, PCI {pci}; error {code})")
         self._reasons = getattr(lib, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
             lib.nvmlDeviceGetCurrentClocksThrottleReasons
         self.limit_w = self._uint(lib.nvmlDeviceGetEnforcedPowerLimit) / 1000
@@ -91,7 +96,9 @@ class Meter:
     def sample(self) -> tuple[int, int]:
         """(SM clock MHz, clock-event reasons bitmask) now."""
         reasons = ctypes.c_ulonglong()
-        self._reasons(self.handle, ctypes.byref(reasons))
+        code = self._reasons(self.handle, ctypes.byref(reasons))
+        if code != 0:  # an unread bitmask would read as "no cap"
+            raise PowerUnavailable(f"NVML {self._reasons.__name__} returned {code}")
         return self._uint(self.lib.nvmlDeviceGetClockInfo, _NVML_CLOCK_SM), reasons.value
 
 
@@ -100,7 +107,8 @@ _meters: dict = {}
 
 def meter(device: torch.device) -> Meter:
     """The device's Meter (opened once per process); PowerUnavailable says why there is none."""
-    key = torch.device(device).index or 0
+    device = torch.device(device)
+    key = device.index if device.index is not None else torch.cuda.current_device()
     if key not in _meters:
         _meters[key] = Meter(device)
     return _meters[key]
@@ -122,15 +130,19 @@ def probe(fn, inputs: list[tuple], device: torch.device, per_call_us: float, min
     calls = max(64, math.ceil(min_ms * 1000 / max(per_call_us, 1.0)))
     batch = max(16, calls // 40)
     kh.synchronize(device)
-    e0, t0 = m.energy_mj(), _perf_counter()
     samples, issued = [], 0
-    while issued < calls:
-        for _ in range(batch):
-            fn(*inputs[issued % len(inputs)])
-            issued += 1
-        samples.append(m.sample())
-    kh.synchronize(device)
-    e1, t1 = m.energy_mj(), _perf_counter()
+    try:
+        e0, t0 = m.energy_mj(), _perf_counter()
+        while issued < calls:
+            for _ in range(batch):
+                fn(*inputs[issued % len(inputs)])
+                issued += 1
+            samples.append(m.sample())
+        kh.synchronize(device)
+        e1, t1 = m.energy_mj(), _perf_counter()
+    except PowerUnavailable as exc:  # the board's counters, not the callable: the pass measured nothing
+        kh.synchronize(device)
+        return {"note": f"not measured: {exc}"}
     capped = sum(1 for _, r in samples if r & POWER_BITS) / len(samples)
     thermal = sum(1 for _, r in samples if r & THERMAL_BITS) / len(samples)
     seen = 0
@@ -157,7 +169,7 @@ def describe(p: dict | None) -> str | None:
     if not p or p.get("note") != "measured":
         return None
     if p["capped"] >= CAPPED_SHARE:
-        return f"power-capped (power cap active in {100 * p['capped']:.0f}% of samples): {numbers(p)}"
+        return f"power-capped (power cap or brake active in {100 * p['capped']:.0f}% of samples): {numbers(p)}"
     if p["thermal"] >= CAPPED_SHARE:
         return f"thermally slowed ({100 * p['thermal']:.0f}% of samples): {numbers(p)}"
     return None

@@ -162,7 +162,7 @@ def label(p: CaseProfile, sm_count: int) -> tuple[str, str]:
                                 f"{sum(k.calls_per_call for k in p.kernels):.0f} kernel(s) per call")
     capped = power.describe(p.power)
     if capped and capped.startswith("power-capped"):  # the SM clock, not the copy engine, sets the time
-        return "power-capped", (f"the power cap held in {100 * p.power['capped']:.0f}% of samples: "
+        return "power-capped", (f"the power cap or brake held in {100 * p.power['capped']:.0f}% of samples: "
                                 f"{power.numbers(p.power)}; {100 * (p.copy_fraction or 0):.1f}% of copy bandwidth")
     if main and programs < sm_count:
         return "under-filled grid", (f"{main.name}: {programs} programs on {sm_count} SMs; "

@@ -24,9 +24,9 @@ How (kernels.py, pack.py, launch.py):
 - Plans predicted at WS_MIN_US (30) or more run the warp-specialized loop of ws.py on Hopper (a
   producer warp copies each step's words, x tile and row of scales into a shared-memory ring with the copy engine;
   consumer warps dequantize, multiply and scale, no global load in their loop), their splits kept to one wave of
-  programs where that wave stays full enough (WS_MAX_PROGRAMS); the widest deep weights take 128-column tiles,
-  two consumer warpgroups sharing each x tile (TIERS). Elsewhere (the interpreter, other GPUs) the split-K kernel
-  runs those plans, with the same split.
+  programs where that wave stays full enough (WS_MAX_PROGRAMS); the widest deep weights and the deepest of 64-66
+  tiles take 128-column tiles, two consumer warpgroups sharing each x tile (TIERS). Elsewhere (the interpreter,
+  other GPUs) the split-K kernel runs those plans, with the same split.
 - Split-K for small N: the splits add their fp32 partials into a kept (M, N) accumulator and count themselves in per
   tile; the last one applies the epilogue and leaves accumulator and counter at zero. One launch per call.
 - The host path: per M the plan and a launcher of the compiled kernel are made once; a call checks its arguments with
@@ -128,18 +128,21 @@ TIERS = [
     # per weight byte), under a 72-register cap (2 programs an SM: one wave is 264) with 4 ring stages. On the H200
     # 24x8192x28672 (unsplit either way) ran 1.10-1.11x faster than with 64-column tiles in 3 stages (do_bench, the L2
     # flushed); 32x28672x8192's plan, not in this tier, ran 0.99-1.01x so, inside the 0.99-1.02x of its own repeats
-    # (reports/examples/h200-weight-stream). K >= 8192 here is at least 93 MiB of words: every M plans the WS loop
-    # (WS_MIN_US), so num_warps 8 (the split-K kernel's 128-column tile on 8 warps, not 4) serves only GPUs without
-    # it. N >= 23808 is 186 or more 128-column tiles, enough to fill 70% of the wave unsplit (WS_WAVE_FILL); N 17152
-    # to 23552 would keep 3-4 splits, 2-3 waves of these programs, which lost 0.85-0.87x on the H200.
+    # (reports/examples/h200-weight-stream; the next tier takes it, for the power limit of a sustained loop).
+    # K >= 8192 here is at least 93 MiB of words: every M plans the WS loop (WS_MIN_US), so num_warps 8 (the split-K
+    # kernel's 128-column tile on 8 warps, not 4) serves only GPUs without it. N >= 23808 is 186 or more 128-column
+    # tiles, enough to fill 70% of the wave unsplit (WS_WAVE_FILL); N 17152 to 23552 would keep 3-4 splits, 2-3 waves
+    # of these programs, which lost 0.85-0.87x on the H200.
     {"N_MIN": 23808, "N_MAX": 1 << 40, "K_MIN": 8192, "K_MAX": 1 << 40, "MIN_PROGRAMS": 528, "num_stages": 3,
      "num_warps": 8, "BLOCK_SIZE_N": 128, "WS_STAGES": 4, "WS_MAXNREG": 72, "WS_MAX_PROGRAMS": 264},
-    # the deepest weights of 64-66 128-column tiles: 4 splits of them fill 97-100% of the 264-program wave. On the H200
-    # the two 117 MB cases draw the board's 700 W limit under a sustained eager loop, which lowers the SM clock
-    # (evals/power.py); 128-column tiles move half the x bytes through L2 and shared memory per weight byte, so each
-    # call takes less energy and the clock stays higher: 32x28672x8192 ran 1.05x faster sustained (48.4-48.5 against
-    # 51.0 us; SM clock 1695 against 1560 MHz) and 1.01x in a burst from a cool board (reports/examples/h200-power).
-    # N 8704-11264 (3 splits, 77-100% of the wave) is unmeasured and keeps 64 columns.
+    # the deepest weights of 64-66 128-column tiles: at M <= 32, 4 splits of them fill 97-100% of the 264-program
+    # wave (M 33-64 takes 2 splits and a larger M 1: unmeasured). On the H200 the two 117 MB cases draw the board's
+    # 700 W limit under a sustained eager loop, which lowers the SM clock (evals/power.py); 128-column tiles move half
+    # the x bytes through L2 and shared memory per weight byte, so a call's work takes less energy and the clock stays
+    # higher: 32x28672x8192 ran 1.05x faster sustained (48.4-48.5 against 51.0 us; SM clock 1695 against 1560 MHz)
+    # and 1.01x in a burst from a cool board (reports/examples/h200-power). N 8704-11264 (3 splits, 77-100% of the
+    # wave) keeps 64 columns until more of it is measured: 27x25472x9216, its one measured shape, ran 1.09x faster
+    # sustained on 128-column tiles.
     # Its num_warps and num_stages, as the tier above, serve only the split-K kernel of GPUs without the WS loop.
     {"N_MIN": 8192, "N_MAX": 8448, "K_MIN": 16384, "K_MAX": 1 << 40, "BLOCK_SIZE_N": 128, "num_warps": 8,
      "num_stages": 3, "WS_STAGES": 4, "WS_MAXNREG": 72, "WS_MAX_PROGRAMS": 264},

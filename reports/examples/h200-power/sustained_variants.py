@@ -8,7 +8,8 @@ state lands on all of them.
 Per variant and round:
 - burst: after 2 s with the GPU idle, one group of 256 calls timed with CUDA events, before the board's power draw
   has risen to its limit;
-- eager: then 4,096 untimed calls and 11 groups of 512 (make bench's eager loop, 16 inputs cycled), the median;
+- eager: then 4,096 untimed calls and 11 groups of 512 (make bench's eager loop with half its untimed calls, 16 inputs
+  cycled), the median;
 - power: a second more of back-to-back calls with the board's energy counter read before and after (power.probe).
 The first variant is the reference of the ratios. Run from the repository root on a CUDA GPU.
 """
@@ -74,13 +75,14 @@ def main():
             print(f"  {label}: not timed (incorrect output)" if not ok else f"  {label}: no result")
             continue
         row = {key: kh.median([r[key] for r in results]) for key in ("burst_us", "eager_us")}
-        mj = kh.median([r["power"].get("energy_mj") or 0.0 for r in results])
+        measured = [r["power"]["energy_mj"] for r in results if r["power"].get("note") == "measured"]
+        energy = f"{kh.median(measured):.2f} mJ a call" if measured else results[0]["power"]["note"]
         again = kh.check_output(fn(t.x, t.residual), ref, (case.m, case.n)).ok
         ratio = ""
         if base:
             b = {key: kh.median([r[key] for r in base]) for key in ("burst_us", "eager_us")}
             ratio = f" ({b['burst_us'] / row['burst_us']:.3f}x, {b['eager_us'] / row['eager_us']:.3f}x)"
-        print(f"  {label}: burst {row['burst_us']:.2f} us, eager {row['eager_us']:.2f} us{ratio}, {mj:.2f} mJ a call, "
+        print(f"  {label}: burst {row['burst_us']:.2f} us, eager {row['eager_us']:.2f} us{ratio}, {energy}, "
               f"correct after {again}", flush=True)
 
 
