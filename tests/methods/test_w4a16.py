@@ -5,6 +5,7 @@ import ast
 import gc
 import json
 import os
+import random
 import subprocess
 import sys
 import types
@@ -188,15 +189,15 @@ def test_the_widest_deep_tier_is_warp_specialized_for_every_m():
             cfg = S.plan(m, k, n)
             assert (cfg["WS"], cfg["BLOCK_SIZE_N"], cfg["WS_STAGES"], cfg["WS_MAXNREG"]) == (1, 128, 4, 72), (m, k, n)
             assert cfg["M_TILES"] * cfg["N_TILES"] * cfg["SPLIT_K"] <= 264 or cfg["SPLIT_K"] == 1, (m, k, n)
-    for m, k, n in ((24, 8064, 28672), (24, 8192, 23552), (24, 8192, 16384)):
-        assert S.plan(m, k, n)["BLOCK_SIZE_N"] == 64, (m, k, n)
+    for m, k, n in ((24, 8064, 28672), (24, 8192, 23552), (24, 8192, 16384)):  # not the tier's: WIDE_TILE's rule
+        assert _wide_rule_holds(m, k, n), (m, k, n)
     assert S.plan(24, 8192, 28672)["SPLIT_K"] == 1
 
 
 def test_the_deepest_tier_of_64_to_66_wide_tiles_keeps_four_splits_in_one_wave():
     """N 8192-8448 at K >= 16384 takes the same 128-column WS loop (4 stages, cap 72) in 4 splits, 256-264
     programs of the 264-program wave, for every M up to 32; the neighbours (a narrower or wider N, a shallower K)
-    keep 64 columns."""
+    go by WIDE_TILE's rule."""
     tier = next(t for t in S.TIERS if t["N_MIN"] == 8192)
     assert (tier["N_MAX"], tier["K_MIN"]) == (8448, 16384)
     for k, n in ((16384, 8192), (28672, 8192), (28672, 8448), (57344, 8192)):
@@ -206,7 +207,64 @@ def test_the_deepest_tier_of_64_to_66_wide_tiles_keeps_four_splits_in_one_wave()
                 (1, 128, 4, 72, 4), (m, k, n)
             assert 256 <= cfg["M_TILES"] * cfg["N_TILES"] * cfg["SPLIT_K"] <= 264, (m, k, n)
     for m, k, n in ((32, 28672, 7936), (32, 28672, 8704), (32, 16256, 8192), (27, 25472, 9216)):
-        assert S.plan(m, k, n)["BLOCK_SIZE_N"] == 64, (m, k, n)
+        assert _wide_rule_holds(m, k, n), (m, k, n)
+
+
+def _wide_rule_holds(m, k, n):
+    """Whether plan(m, k, n) is what WIDE_TILE's rule gives a shape no tier sets the width of: 128-column tiles with
+    the 64-column plan's split where that one-row plan runs the WS loop within one wave, else the 64-column plan."""
+    cfg, narrow, one = S.plan(m, k, n), S.plan(m, k, n, {"WS_WIDE": 0}), S.plan(1, k, n, {"WS_WIDE": 0})
+    assert not any("BLOCK_SIZE_N" in t for t in S.TIERS if t["N_MIN"] <= n <= t["N_MAX"] and t["K_MIN"] <= k <= t["K_MAX"])
+    wide = one["WS"] and one["M_TILES"] * one["N_TILES"] * one["SPLIT_K"] <= one["WS_MAX_PROGRAMS"]
+    if not wide:
+        return cfg == {**narrow, "WS_WIDE": 1}
+    return (cfg["BLOCK_SIZE_N"], cfg["WS_STAGES"], cfg["WS_MAXNREG"], cfg["WS_MAX_PROGRAMS"], cfg["num_warps"]) == \
+        (128, 4, 72, 264, 8) and cfg["SPLIT_K"] == narrow["SPLIT_K"] and cfg["WS"] == narrow["WS"]
+
+
+# the shapes of the sealed panels' kinds timed with 128- against 64-column tiles at the same split on the H200
+# (reports/examples/h200-power, variants-128-v97.txt and variants-9216-v97.txt)
+WIDE_MEASURED = [(19, 23424, 9472), (31, 9088, 14080), (30, 14976, 15104), (24, 28416, 7680), (20, 11392, 12288),
+                 (27, 21760, 6144), (24, 12416, 11264), (27, 25472, 9216)]
+
+
+def test_ws_plans_within_one_wave_take_wide_tiles_at_the_64_column_split():
+    """WIDE_TILE (WS_WIDE 1): a shape whose one-row plan runs the WS loop within one wave at 64 columns takes
+    128-column tiles, 4 ring stages under a 72-register cap, at the split its 64-column plan chooses, for every M;
+    the measured shapes do, at 192-264 programs of the 264-program wave. A shape without the WS loop, or whose WS plan
+    runs past one wave, keeps 64 columns. The width is the shape's alone (build repacks once for M 1's): an M never
+    changes it, nor does an override other than WS_WIDE and BLOCK_SIZE_N."""
+    for m, k, n in WIDE_MEASURED:
+        for mm in (1, 8, 16, m, 32):
+            cfg, narrow = S.plan(mm, k, n), S.plan(mm, k, n, {"WS_WIDE": 0})
+            assert (cfg["WS"], cfg["BLOCK_SIZE_N"], cfg["WS_STAGES"], cfg["WS_MAXNREG"]) == (1, 128, 4, 72), (mm, k, n)
+            assert (narrow["WS"], narrow["BLOCK_SIZE_N"]) == (1, 64) and cfg["SPLIT_K"] == narrow["SPLIT_K"]
+            assert 192 <= cfg["N_TILES"] * cfg["SPLIT_K"] <= 264, (mm, k, n)
+        assert _wide_rule_holds(m, k, n)
+    assert 2 <= min(S.plan(m, k, n)["SPLIT_K"] for m, k, n in WIDE_MEASURED)
+    assert max(S.plan(m, k, n)["SPLIT_K"] for m, k, n in WIDE_MEASURED) == 5
+    # no WS loop: the 32 MB visible weights and the expert-batch shapes; a WS plan past one wave (284 tiles, 2 splits)
+    for m, k, n in ((18, 8192, 8192), (28, 8192, 10240), (20, 14336, 4096), (24, 16384, 1536), (20, 12800, 18176)):
+        narrow = S.plan(m, k, n, {"WS_WIDE": 0})
+        assert S.plan(m, k, n) == {**narrow, "WS_WIDE": 1} and narrow["BLOCK_SIZE_N"] == 64, (m, k, n)
+        assert _wide_rule_holds(m, k, n)
+    assert S.plan(20, 12800, 18176)["WS"] == 1 and S.plan(20, 12800, 18176)["N_TILES"] * 2 > 528
+    k, n = 23424, 9472
+    assert S.plan(19, k, n, {"BLOCK_SIZE_N": 64})["BLOCK_SIZE_N"] == 64
+    for extra in ({"WS_MIN_US": 0}, {"WS_MAX_PROGRAMS": 0}, {"SPLIT_K": 2}, {"GRID": 1}, {"MIN_PROGRAMS": 132}):
+        assert S.plan(19, k, n, extra)["BLOCK_SIZE_N"] == 128, extra
+    assert S.plan(19, k, n, {"WS_MIN_US": 0})["WS"] == 0 and S.plan(19, k, n, {"SPLIT_K": 2})["SPLIT_K"] == 2
+    for bad in (2, True, 1.0):
+        with pytest.raises(ValueError, match="^WS_WIDE must be one of"):
+            S.plan(19, k, n, {"WS_WIDE": bad})
+    rng = random.Random(7)
+    for _ in range(300):
+        k, n = 128 * rng.randint(8, 240), 256 * rng.randint(2, 115)
+        widths = {S.plan(m, k, n)["BLOCK_SIZE_N"] for m in (1, 2, 17, 32, 33, 64)}
+        assert widths == {S.plan(1, k, n)["BLOCK_SIZE_N"]}, (k, n)
+        pinned = any("BLOCK_SIZE_N" in t for t in S.TIERS
+                     if t["N_MIN"] <= n <= t["N_MAX"] and t["K_MIN"] <= k <= t["K_MAX"])
+        assert pinned or _wide_rule_holds(rng.randint(1, 32), k, n), (k, n)
 
 
 def test_warp_specialized_plans_take_the_most_splits_that_keep_one_wave():
@@ -219,8 +277,9 @@ def test_warp_specialized_plans_take_the_most_splits_that_keep_one_wave():
     shapes = VISIBLE + [(1, 8192, 28672), (5, 28672, 1024), (64, 28672, 8192), (32, 57344, 4096), (22, 9088, 18176),
                         (25, 19072, 12032)]
     seen = set()
-    for m, k, n in shapes:
-        for extra in ({}, {"WS_MIN_US": 1}, {"WS_MIN_US": 1, "WS_MAX_PROGRAMS": 100}):
+    for m, k, n in shapes:  # WS_WIDE 0: WIDE_TILE's plans take the 64-column plan's split instead (the test above)
+        for extra in ({"WS_WIDE": 0}, {"WS_MIN_US": 1, "WS_WIDE": 0},
+                      {"WS_MIN_US": 1, "WS_MAX_PROGRAMS": 100, "WS_WIDE": 0}):
             cfg, free = S.plan(m, k, n, extra), S.plan(m, k, n, {**extra, "WS_MAX_PROGRAMS": 0})
             tiles, wave = cfg["M_TILES"] * cfg["N_TILES"], cfg["WS_MAX_PROGRAMS"]
             assert (cfg["WS"], cfg["DEQUANT"], cfg["MAXNREG"]) == (free["WS"], free["DEQUANT"], free["MAXNREG"])

@@ -24,8 +24,8 @@ How (kernels.py, pack.py, launch.py):
 - Plans predicted at WS_MIN_US (30) or more run the warp-specialized loop of ws.py on Hopper (a
   producer warp copies each step's words, x tile and row of scales into a shared-memory ring with the copy engine;
   consumer warps dequantize, multiply and scale, no global load in their loop), their splits kept to one wave of
-  programs where that wave stays full enough (WS_MAX_PROGRAMS); the widest deep weights and the deepest of 64-66
-  tiles take 128-column tiles, two consumer warpgroups sharing each x tile (TIERS). Elsewhere (the interpreter,
+  programs where that wave stays full enough (WS_MAX_PROGRAMS); the shapes whose WS plans stay in one wave of
+  128-column tiles take them, two consumer warpgroups sharing each x tile (WIDE_TILE). Elsewhere (the interpreter,
   other GPUs) the split-K kernel runs those plans, with the same split.
 - Split-K for small N: the splits add their fp32 partials into a kept (M, N) accumulator and count themselves in per
   tile; the last one applies the epilogue and leaves accumulator and counter at zero. One launch per call.
@@ -115,14 +115,34 @@ def get_config():
     # smaller grid still fills WS_WAVE_FILL of the wave; otherwise the split-K plan's split stays. 528 is what an
     # H200 holds at once with BLOCK_SIZE_N 64 under a cap of 64 (4 programs of 8 warps, the producer's padded to a
     # warpgroup, on each of 132 SMs); 128-column tiles fit 2 (264).
+    # WS_WIDE 1 gives WIDE_TILE (128-column tiles) to the shapes whose WS plans it keeps in one wave (plan()); 0 never.
     return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 396,
             "DEQUANT": 2, "SCALE_AFTER_DOT": 1, "SCALE_LOAD": 0, "WEIGHT_TMA": 0, "LAUNCH": 2, "GRID": 0,
             "num_warps": 4, "num_stages": 4, "MAXNREG": 0, "DEVICE_BOUND_US": 16, "LEAN_MIN_US": 22,
             "LEAN_DEQUANT": 3, "LEAN_MAXNREG": 96, "WS_MIN_US": 30, "WS_STAGES": 3, "WS_MAXNREG": 64,
-            "WS_MAX_PROGRAMS": 528}
+            "WS_MAX_PROGRAMS": 528, "WS_WIDE": 1}
 
 
-# Per-shape overrides: the first tier whose N and K ranges hold the shape updates the general plan.
+# 128-column tiles for the warp-specialized loop (WS_WIDE in get_config): two consumer warpgroups share each x tile,
+# so a program reads half the x bytes per weight byte through L2 and shared memory, under a 72-register cap (2 programs
+# an SM: one wave is 264) with 4 ring stages. The tile width is the shape's, whatever M a call brings (build repacks
+# the words once for it): a (K, N) takes these tiles where its one-row plan runs the WS loop at 64 columns and, at
+# the same split, would run it at 128 in one wave (WS_MAX_PROGRAMS below); every M keeps the split its 64-column plan
+# chooses. On the H200, against 64 columns in 3 stages under a cap of 64, with the same split:
+# - 24x8192x28672 (unsplit) ran 1.10-1.11x faster (do_bench, the L2 flushed), and 32x28672x8192 (4 splits)
+#   0.99-1.01x (reports/examples/h200-weight-stream);
+# - eight shapes of the sealed panels' kinds, 64-117 MB of words in 2-5 splits, ran 1.00-1.17x faster in a burst
+#   from a cool board and 1.02-1.12x under a sustained eager loop (reports/examples/h200-power): under the board's
+#   700 W limit, which even the 64 MB shapes reach there, a call's work that takes less energy keeps the SM clock
+#   higher; so did 32x28672x8192, 1.05x.
+# A shape whose WS plan runs past one wave at 64 columns (the split kept where one wave would fill under
+# WS_WAVE_FILL) keeps 64: at 128 it would take 2-3 waves, which lost 0.85-0.87x. num_warps and num_stages serve only
+# the split-K kernel of GPUs without the WS loop (and the interpreter), which runs these plans with the same split.
+WIDE_TILE = {"BLOCK_SIZE_N": 128, "num_warps": 8, "num_stages": 3, "WS_STAGES": 4, "WS_MAXNREG": 72,
+             "WS_MAX_PROGRAMS": 264}
+
+# Per-shape overrides: the first tier whose N and K ranges hold the shape updates the general plan (and WIDE_TILE,
+# where it applies; a tier that sets BLOCK_SIZE_N keeps its own width and split rule).
 TIERS = [
     # the widest deep weights: 128-column tiles read each x tile once for two consumer warpgroups (half the x bytes
     # per weight byte), under a 72-register cap (2 programs an SM: one wave is 264) with 4 ring stages. On the H200
@@ -132,7 +152,8 @@ TIERS = [
     # K >= 8192 here is at least 93 MiB of words: every M plans the WS loop (WS_MIN_US), so num_warps 8 (the split-K
     # kernel's 128-column tile on 8 warps, not 4) serves only GPUs without it. N >= 23808 is 186 or more 128-column
     # tiles, enough to fill 70% of the wave unsplit (WS_WAVE_FILL); N 17152 to 23552 would keep 3-4 splits, 2-3 waves
-    # of these programs, which lost 0.85-0.87x on the H200.
+    # of these programs, which lost 0.85-0.87x on the H200. Unlike WIDE_TILE this tier keeps 128 columns past one wave
+    # (N over 33792).
     {"N_MIN": 23808, "N_MAX": 1 << 40, "K_MIN": 8192, "K_MAX": 1 << 40, "MIN_PROGRAMS": 528, "num_stages": 3,
      "num_warps": 8, "BLOCK_SIZE_N": 128, "WS_STAGES": 4, "WS_MAXNREG": 72, "WS_MAX_PROGRAMS": 264},
     # the deepest weights of 64-66 128-column tiles: at M <= 32, 4 splits of them fill 97-100% of the 264-program
@@ -140,9 +161,8 @@ TIERS = [
     # 700 W limit under a sustained eager loop, which lowers the SM clock (evals/power.py); 128-column tiles move half
     # the x bytes through L2 and shared memory per weight byte, so a call's work takes less energy and the clock stays
     # higher: 32x28672x8192 ran 1.05x faster sustained (48.4-48.5 against 51.0 us; SM clock 1695 against 1560 MHz)
-    # and 1.01x in a burst from a cool board (reports/examples/h200-power). N 8704-11264 (3 splits, 77-100% of the
-    # wave) keeps 64 columns until more of it is measured: 27x25472x9216, its one measured shape, ran 1.09x faster
-    # sustained on 128-column tiles.
+    # and 1.01x in a burst from a cool board (reports/examples/h200-power). Here the tier's split rule (the 264-program
+    # wave) gives 4 splits; WIDE_TILE's (the 64-column plan's split) would give N 8448 3.
     # Its num_warps and num_stages, as the tier above, serve only the split-K kernel of GPUs without the WS loop.
     {"N_MIN": 8192, "N_MAX": 8448, "K_MIN": 16384, "K_MAX": 1 << 40, "BLOCK_SIZE_N": 128, "num_warps": 8,
      "num_stages": 3, "WS_STAGES": 4, "WS_MAXNREG": 72, "WS_MAX_PROGRAMS": 264},
@@ -180,6 +200,9 @@ SEARCH_SPACE = {
                             "reason": "the warp-specialized plans' splits kept to one wave of programs (528 on an "
                                       "H200 with 64-column tiles, 264 with 128): no partial second wave, fewer "
                                       "accumulator atomics"},
+        "WS_WIDE": {"values": [1, 0],
+                    "reason": "128-column tiles (WIDE_TILE) for the WS plans that stay in one wave: half the x bytes "
+                              "per weight byte, less energy per call under the board's power limit"},
         "LEAN_MIN_US": {"values": [0, 18, 20, 22, 24, 30],
                         "reason": "a lower threshold runs the leaner loop (LEAN_DEQUANT, LEAN_MAXNREG) on more "
                                   "plans: faster, but a plan near its host cost loses its steady group times (a "
@@ -202,7 +225,7 @@ SEARCH_SPACE = {
 
 _TIER_RANGE_KEYS = ("N_MIN", "N_MAX", "K_MIN", "K_MAX")
 _ALLOWED = {"DEQUANT": (1, 2, 3), "LEAN_DEQUANT": (1, 2, 3), "SCALE_AFTER_DOT": (0, 1), "SCALE_LOAD": (0, 1, 2),
-            "WEIGHT_TMA": (0, 1), "LAUNCH": (1, 2), "GRID": (0, 1)}
+            "WEIGHT_TMA": (0, 1), "LAUNCH": (1, 2), "GRID": (0, 1), "WS_WIDE": (0, 1)}
 
 
 def _next_pow2(value):
@@ -210,10 +233,40 @@ def _next_pow2(value):
 
 
 def plan(M, K, N, overrides=None):
-    """The launch plan of one (M, K, N): the general config, updated by the matching tier and ``overrides``, with
-    the tile sizes, the tile counts and the split (or the stream-K program count, PROGRAMS) resolved."""
+    """The launch plan of one (M, K, N): the general config, updated by WIDE_TILE where the shape takes it, the
+    matching tier and ``overrides``, with the tile sizes, the tile counts and the split (or the stream-K program count,
+    PROGRAMS) resolved. A shape that takes WIDE_TILE keeps the split its 64-column plan chooses."""
+    narrow = _plan(M, K, N, overrides, wide=False)
+    if not _takes_wide_tiles(K, N, overrides, narrow):
+        return narrow
+    same_split = {} if narrow["GRID"] == 1 or "SPLIT_K" in (overrides or {}) else {"SPLIT_K": narrow["SPLIT_K"]}
+    return _plan(M, K, N, {**(overrides or {}), **same_split}, wide=True)
+
+
+def _tier(K, N):
+    return next((t for t in TIERS if t["N_MIN"] <= N <= t["N_MAX"] and t["K_MIN"] <= K <= t["K_MAX"]), {})
+
+
+def _takes_wide_tiles(K, N, overrides, narrow):
+    """Whether a (K, N) takes WIDE_TILE: WS_WIDE on (the tables' or ``overrides``'), no width set by its tier or
+    ``overrides``, and by the tables alone (other overrides never change a shape's width, as they never change its
+    tier) its one-row plan runs the WS loop at the general width and, at the same split with WIDE_TILE, in one
+    wave."""
+    if not narrow["WS_WIDE"] or "BLOCK_SIZE_N" in _tier(K, N) or "BLOCK_SIZE_N" in (overrides or {}):
+        return False
+    one = _plan(1, K, N, None, wide=False)
+    if not one["WS"]:
+        return False
+    wide = _plan(1, K, N, {"SPLIT_K": one["SPLIT_K"]}, wide=True)
+    programs = wide["M_TILES"] * wide["N_TILES"] * wide["SPLIT_K"]
+    return bool(wide["WS"] and wide["BLOCK_SIZE_N"] > one["BLOCK_SIZE_N"] and programs <= wide["WS_MAX_PROGRAMS"])
+
+
+def _plan(M, K, N, overrides, wide):
     config = dict(get_config())
-    tier = next((t for t in TIERS if t["N_MIN"] <= N <= t["N_MAX"] and t["K_MIN"] <= K <= t["K_MAX"]), {})
+    if wide:
+        config.update(WIDE_TILE)
+    tier = _tier(K, N)
     config.update({key: value for key, value in tier.items() if key not in _TIER_RANGE_KEYS})
     unknown = sorted(set(overrides or {}) - set(config))
     if unknown:
