@@ -210,11 +210,16 @@ def test_the_deepest_tier_of_64_to_66_wide_tiles_keeps_four_splits_in_one_wave()
         assert _wide_rule_holds(m, k, n), (m, k, n)
 
 
+def _width_pinned(k, n):
+    """Whether the tier of (k, n) sets BLOCK_SIZE_N itself."""
+    return any("BLOCK_SIZE_N" in t for t in S.TIERS if t["N_MIN"] <= n <= t["N_MAX"] and t["K_MIN"] <= k <= t["K_MAX"])
+
+
 def _wide_rule_holds(m, k, n):
     """Whether plan(m, k, n) is what WIDE_TILE's rule gives a shape no tier sets the width of: 128-column tiles with
     the 64-column plan's split where that one-row plan runs the WS loop within one wave, else the 64-column plan."""
     cfg, narrow, one = S.plan(m, k, n), S.plan(m, k, n, {"WS_WIDE": 0}), S.plan(1, k, n, {"WS_WIDE": 0})
-    assert not any("BLOCK_SIZE_N" in t for t in S.TIERS if t["N_MIN"] <= n <= t["N_MAX"] and t["K_MIN"] <= k <= t["K_MAX"])
+    assert not _width_pinned(k, n)
     wide = one["WS"] and one["M_TILES"] * one["N_TILES"] * one["SPLIT_K"] <= one["WS_MAX_PROGRAMS"]
     if not wide:
         return cfg == {**narrow, "WS_WIDE": 1}
@@ -262,9 +267,7 @@ def test_ws_plans_within_one_wave_take_wide_tiles_at_the_64_column_split():
         k, n = 128 * rng.randint(8, 240), 256 * rng.randint(2, 115)
         widths = {S.plan(m, k, n)["BLOCK_SIZE_N"] for m in (1, 2, 17, 32, 33, 64)}
         assert widths == {S.plan(1, k, n)["BLOCK_SIZE_N"]}, (k, n)
-        pinned = any("BLOCK_SIZE_N" in t for t in S.TIERS
-                     if t["N_MIN"] <= n <= t["N_MAX"] and t["K_MIN"] <= k <= t["K_MAX"])
-        assert pinned or _wide_rule_holds(rng.randint(1, 32), k, n), (k, n)
+        assert _width_pinned(k, n) or _wide_rule_holds(rng.randint(1, 32), k, n), (k, n)
 
 
 def test_warp_specialized_plans_take_the_most_splits_that_keep_one_wave():
