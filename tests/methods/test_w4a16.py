@@ -180,8 +180,8 @@ def test_plans_of_ws_min_us_and_more_run_the_warp_specialized_loop():
 def test_the_widest_deep_tier_is_warp_specialized_for_every_m():
     """The tier of N >= 23808 and K >= 8192 gives 128-column tiles in 4 ring stages under a 72-register cap, every M
     from 1 to 32 plans the WS loop there (the tier's num_warps and num_stages only serve GPUs without it), and its
-    grids keep to one wave of 264 programs or run unsplit; the neighbours, a narrower N or a shallower K, keep 64
-    columns."""
+    grids keep to one wave of 264 programs or run unsplit; the neighbours, a narrower N or a shallower K, go by
+    WIDE_TILE's rule: 128 columns at the 64-column split where that plan stays in one wave, else 64."""
     tier = S.TIERS[0]
     assert (tier["N_MIN"], tier["K_MIN"]) == (23808, 8192)
     for k, n in ((8192, 23808), (8192, 28672), (8576, 24320), (28672, 57344)):
@@ -189,7 +189,10 @@ def test_the_widest_deep_tier_is_warp_specialized_for_every_m():
             cfg = S.plan(m, k, n)
             assert (cfg["WS"], cfg["BLOCK_SIZE_N"], cfg["WS_STAGES"], cfg["WS_MAXNREG"]) == (1, 128, 4, 72), (m, k, n)
             assert cfg["M_TILES"] * cfg["N_TILES"] * cfg["SPLIT_K"] <= 264 or cfg["SPLIT_K"] == 1, (m, k, n)
-    for m, k, n in ((24, 8064, 28672), (24, 8192, 23552), (24, 8192, 16384)):  # not the tier's: WIDE_TILE's rule
+    for (m, k, n), (width, split) in {(24, 8064, 28672): (128, 1), (24, 8192, 23552): (64, 2),
+                                      (24, 8192, 16384): (128, 2)}.items():  # not the tier's: WIDE_TILE's rule
+        cfg = S.plan(m, k, n)
+        assert (cfg["WS"], cfg["BLOCK_SIZE_N"], cfg["SPLIT_K"]) == (1, width, split), (m, k, n)
         assert _wide_rule_holds(m, k, n), (m, k, n)
     assert S.plan(24, 8192, 28672)["SPLIT_K"] == 1
 
@@ -206,8 +209,11 @@ def test_the_deepest_tier_of_64_to_66_wide_tiles_keeps_four_splits_in_one_wave()
             assert (cfg["WS"], cfg["BLOCK_SIZE_N"], cfg["WS_STAGES"], cfg["WS_MAXNREG"], cfg["SPLIT_K"]) == \
                 (1, 128, 4, 72, 4), (m, k, n)
             assert 256 <= cfg["M_TILES"] * cfg["N_TILES"] * cfg["SPLIT_K"] <= 264, (m, k, n)
-    for m, k, n in ((32, 28672, 7936), (32, 28672, 8704), (32, 16256, 8192), (27, 25472, 9216)):
-        assert _wide_rule_holds(m, k, n), (m, k, n)
+    for (m, k, n), split in {(32, 28672, 7936): 4, (32, 28672, 8704): 3, (32, 16256, 8192): 4,
+                             (27, 25472, 9216): 3}.items():  # WIDE_TILE's rule, at the 64-column split
+        cfg = S.plan(m, k, n)
+        assert (cfg["WS"], cfg["BLOCK_SIZE_N"], cfg["SPLIT_K"]) == (1, 128, split), (m, k, n)
+        assert S.plan(m, k, n, {"WS_WIDE": 0})["SPLIT_K"] == split and _wide_rule_holds(m, k, n), (m, k, n)
 
 
 def _width_pinned(k, n):
@@ -235,10 +241,10 @@ WIDE_MEASURED = [(19, 23424, 9472), (31, 9088, 14080), (30, 14976, 15104), (24, 
 
 def test_ws_plans_within_one_wave_take_wide_tiles_at_the_64_column_split():
     """WIDE_TILE (WS_WIDE 1): a shape whose one-row plan runs the WS loop within one wave at 64 columns takes
-    128-column tiles, 4 ring stages under a 72-register cap, at the split its 64-column plan chooses, for every M;
-    the measured shapes do, at 192-264 programs of the 264-program wave. A shape without the WS loop, or whose WS plan
-    runs past one wave, keeps 64 columns. The width is the shape's alone (build repacks once for M 1's): an M never
-    changes it, nor does an override other than WS_WIDE and BLOCK_SIZE_N."""
+    128-column tiles, 4 ring stages under a 72-register cap, with the split and the loops its 64-column plan chooses
+    (SPLIT_K 0 included), for every M; the measured shapes do, at 192-264 programs of the 264-program wave. A shape
+    without the WS loop, or whose WS plan runs past one wave, keeps 64 columns. The width is the shape's alone (build
+    repacks once for M 1's): an M never changes it, nor does an override other than WS_WIDE and BLOCK_SIZE_N."""
     for m, k, n in WIDE_MEASURED:
         for mm in (1, 8, 16, m, 32):
             cfg, narrow = S.plan(mm, k, n), S.plan(mm, k, n, {"WS_WIDE": 0})
@@ -248,7 +254,8 @@ def test_ws_plans_within_one_wave_take_wide_tiles_at_the_64_column_split():
         assert _wide_rule_holds(m, k, n)
     assert 2 <= min(S.plan(m, k, n)["SPLIT_K"] for m, k, n in WIDE_MEASURED)
     assert max(S.plan(m, k, n)["SPLIT_K"] for m, k, n in WIDE_MEASURED) == 5
-    # no WS loop: the 32 MB visible weights and the expert-batch shapes; a WS plan past one wave (284 tiles, 2 splits)
+    # no WS loop: the 29-42 MB visible weights and the expert-batch shapes; a WS plan past one wave (284 tiles, 2
+    # splits)
     for m, k, n in ((18, 8192, 8192), (28, 8192, 10240), (20, 14336, 4096), (24, 16384, 1536), (20, 12800, 18176)):
         narrow = S.plan(m, k, n, {"WS_WIDE": 0})
         assert S.plan(m, k, n) == {**narrow, "WS_WIDE": 1} and narrow["BLOCK_SIZE_N"] == 64, (m, k, n)
@@ -259,14 +266,25 @@ def test_ws_plans_within_one_wave_take_wide_tiles_at_the_64_column_split():
     for extra in ({"WS_MIN_US": 0}, {"WS_MAX_PROGRAMS": 0}, {"SPLIT_K": 2}, {"GRID": 1}, {"MIN_PROGRAMS": 132}):
         assert S.plan(19, k, n, extra)["BLOCK_SIZE_N"] == 128, extra
     assert S.plan(19, k, n, {"WS_MIN_US": 0})["WS"] == 0 and S.plan(19, k, n, {"SPLIT_K": 2})["SPLIT_K"] == 2
+    # SPLIT_K 0 is the tables' own "the plan chooses": the 64-column split still holds (3 here, where a free
+    # 128-column split would take 4 in the 264-program wave)
+    assert S.plan(19, 14336, 8448)["SPLIT_K"] == S.plan(19, 14336, 8448, {"SPLIT_K": 0})["SPLIT_K"] == 3
+    # the loops are the 64-column plan's, also where an override's threshold sits between the two predictions
+    for extra in ({}, {"WS_MIN_US": 45}, {"LEAN_MIN_US": 0}, {"WS_MIN_US": 0, "LEAN_MIN_US": 40}):
+        for mm in (1, 32, 64):
+            cfg, narrow = S.plan(mm, 26752, 6912, extra), S.plan(mm, 26752, 6912, {**extra, "WS_WIDE": 0})
+            assert cfg["BLOCK_SIZE_N"] == 128, (mm, extra)
+            assert [cfg[key] for key in ("WS", "DEQUANT", "MAXNREG", "SPLIT_K")] == \
+                [narrow[key] for key in ("WS", "DEQUANT", "MAXNREG", "SPLIT_K")], (mm, extra)
     for bad in (2, True, 1.0):
         with pytest.raises(ValueError, match="^WS_WIDE must be one of"):
             S.plan(19, k, n, {"WS_WIDE": bad})
     rng = random.Random(7)
     for _ in range(300):
         k, n = 128 * rng.randint(8, 240), 256 * rng.randint(2, 115)
-        widths = {S.plan(m, k, n)["BLOCK_SIZE_N"] for m in (1, 2, 17, 32, 33, 64)}
-        assert widths == {S.plan(1, k, n)["BLOCK_SIZE_N"]}, (k, n)
+        extra = rng.choice([{}, {"GRID": 1}, {"WS_MIN_US": 0}, {"WS_MAX_PROGRAMS": 0}, {"SPLIT_K": 0}, {"SPLIT_K": 3}])
+        widths = {S.plan(m, k, n, extra)["BLOCK_SIZE_N"] for m in (1, 2, 17, 32, 33, 64)}
+        assert widths == {S.plan(1, k, n)["BLOCK_SIZE_N"]}, (k, n, extra)  # what build repacks for
         assert _width_pinned(k, n) or _wide_rule_holds(rng.randint(1, 32), k, n), (k, n)
 
 

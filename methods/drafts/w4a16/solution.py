@@ -25,8 +25,9 @@ How (kernels.py, pack.py, launch.py):
   producer warp copies each step's words, x tile and row of scales into a shared-memory ring with the copy engine;
   consumer warps dequantize, multiply and scale, no global load in their loop), their splits kept to one wave of
   programs where that wave stays full enough (WS_MAX_PROGRAMS); the shapes whose WS plans stay in one wave of
-  128-column tiles take them, two consumer warpgroups sharing each x tile (WIDE_TILE). Elsewhere (the interpreter,
-  other GPUs) the split-K kernel runs those plans, with the same split.
+  128-column tiles take them at the same split, two consumer warpgroups sharing each x tile (WIDE_TILE), and so do
+  two tiers with split rules of their own (TIERS). Elsewhere (the interpreter, other GPUs) the split-K kernel runs
+  those plans, with the same split.
 - Split-K for small N: the splits add their fp32 partials into a kept (M, N) accumulator and count themselves in per
   tile; the last one applies the epilogue and leaves accumulator and counter at zero. One launch per call.
 - The host path: per M the plan and a launcher of the compiled kernel are made once; a call checks its arguments with
@@ -127,17 +128,21 @@ def get_config():
 # so a program reads half the x bytes per weight byte through L2 and shared memory, under a 72-register cap (2 programs
 # an SM: one wave is 264) with 4 ring stages. The tile width is the shape's, whatever M a call brings (build repacks
 # the words once for it): a (K, N) takes these tiles where its one-row plan runs the WS loop at 64 columns and, at
-# the same split, would run it at 128 in one wave (WS_MAX_PROGRAMS below); every M keeps the split its 64-column plan
-# chooses. On the H200, against 64 columns in 3 stages under a cap of 64, with the same split:
+# the same split, would run it at 128 within one wave of 264; every M keeps the split and the loops its 64-column
+# plan chooses (an M over 32 has more M tiles, so up to twice the programs: unmeasured). On the H200, against 64
+# columns in 3 stages under a cap of 64, with the same split:
 # - 24x8192x28672 (unsplit) ran 1.10-1.11x faster (do_bench, the L2 flushed), and 32x28672x8192 (4 splits)
-#   0.99-1.01x (reports/examples/h200-weight-stream);
-# - eight shapes of the sealed panels' kinds, 64-117 MB of words in 2-5 splits, ran 1.00-1.17x faster in a burst
-#   from a cool board and 1.02-1.12x under a sustained eager loop (reports/examples/h200-power): under the board's
-#   700 W limit, which even the 64 MB shapes reach there, a call's work that takes less energy keeps the SM clock
-#   higher; so did 32x28672x8192, 1.05x.
-# A shape whose WS plan runs past one wave at 64 columns (the split kept where one wave would fill under
-# WS_WAVE_FILL) keeps 64: at 128 it would take 2-3 waves, which lost 0.85-0.87x. num_warps and num_stages serve only
-# the split-K kernel of GPUs without the WS loop (and the interpreter), which runs these plans with the same split.
+#   0.99-1.01x (reports/examples/h200-weight-stream), 1.05x under a sustained eager loop (h200-power);
+# - eight shapes of the sealed panels' kinds, 64-117 MB of words in 2-5 splits (192-264 programs), ran 0.998-1.165x
+#   as fast in a burst from a cool board and 1.02-1.12x faster under a sustained eager loop
+#   (reports/examples/h200-power). There the board's power cap held on every 64-column pass, even at 30 us a call;
+#   a call's work that takes less energy keeps the SM clock higher (by 0-105 MHz; the largest gain, 1.17x, came with
+#   0-30 MHz, so not from the clock alone).
+# The rule takes 6-split and smaller grids too, unmeasured. A shape whose 64-column WS plan runs past one wave (its
+# split kept where one wave would fill under WS_WAVE_FILL) keeps 64 columns: such grids are unmeasured at 128
+# (128-column grids of 2-3 waves, at the split-K plan's own larger split, lost 0.85-0.87x). num_warps and num_stages
+# serve only the split-K kernel of GPUs without the WS loop (and the interpreter), which runs these plans with the
+# same split.
 WIDE_TILE = {"BLOCK_SIZE_N": 128, "num_warps": 8, "num_stages": 3, "WS_STAGES": 4, "WS_MAXNREG": 72,
              "WS_MAX_PROGRAMS": 264}
 
@@ -235,12 +240,18 @@ def _next_pow2(value):
 def plan(M, K, N, overrides=None):
     """The launch plan of one (M, K, N): the general config, updated by WIDE_TILE where the shape takes it, the
     matching tier and ``overrides``, with the tile sizes, the tile counts and the split (or the stream-K program count,
-    PROGRAMS) resolved. A shape that takes WIDE_TILE keeps the split its 64-column plan chooses."""
+    PROGRAMS) resolved. A shape that takes WIDE_TILE keeps the split and the loops (WS, DEQUANT, MAXNREG) its
+    64-column plan chooses."""
     narrow = _plan(M, K, N, overrides, wide=False)
     if not _takes_wide_tiles(K, N, overrides, narrow):
         return narrow
-    same_split = {} if narrow["GRID"] == 1 or "SPLIT_K" in (overrides or {}) else {"SPLIT_K": narrow["SPLIT_K"]}
-    return _plan(M, K, N, {**(overrides or {}), **same_split}, wide=True)
+    fixed = (overrides or {}).get("SPLIT_K")  # 0, like no SPLIT_K, leaves the split to the plan
+    same_split = {} if narrow["GRID"] == 1 or fixed else {"SPLIT_K": narrow["SPLIT_K"]}
+    config = _plan(M, K, N, {**(overrides or {}), **same_split}, wide=True)
+    # the model's rate per program is the 64-column tile's, so for the wider tile's fewer programs it predicts more
+    # time than the H200 took (20x11392x12288: 38.9 us predicted, 35.5 measured): the loops stay the narrow plan's
+    config.update({key: narrow[key] for key in ("WS", "DEQUANT", "MAXNREG")})
+    return config
 
 
 def _tier(K, N):
@@ -251,7 +262,7 @@ def _takes_wide_tiles(K, N, overrides, narrow):
     """Whether a (K, N) takes WIDE_TILE: WS_WIDE on (the tables' or ``overrides``'), no width set by its tier or
     ``overrides``, and by the tables alone (other overrides never change a shape's width, as they never change its
     tier) its one-row plan runs the WS loop at the general width and, at the same split with WIDE_TILE, in one
-    wave."""
+    wave of WIDE_TILE's programs (a tier's WS_MAX_PROGRAMS does not move it)."""
     if not narrow["WS_WIDE"] or "BLOCK_SIZE_N" in _tier(K, N) or "BLOCK_SIZE_N" in (overrides or {}):
         return False
     one = _plan(1, K, N, None, wide=False)
@@ -259,7 +270,7 @@ def _takes_wide_tiles(K, N, overrides, narrow):
         return False
     wide = _plan(1, K, N, {"SPLIT_K": one["SPLIT_K"]}, wide=True)
     programs = wide["M_TILES"] * wide["N_TILES"] * wide["SPLIT_K"]
-    return bool(wide["WS"] and wide["BLOCK_SIZE_N"] > one["BLOCK_SIZE_N"] and programs <= wide["WS_MAX_PROGRAMS"])
+    return bool(wide["WS"] and wide["BLOCK_SIZE_N"] > one["BLOCK_SIZE_N"] and programs <= WIDE_TILE["WS_MAX_PROGRAMS"])
 
 
 def _plan(M, K, N, overrides, wide):
