@@ -216,16 +216,11 @@ def test_the_deepest_tier_of_64_to_66_wide_tiles_keeps_four_splits_in_one_wave()
         assert S.plan(m, k, n, {"WS_WIDE": 0})["SPLIT_K"] == split and _wide_rule_holds(m, k, n), (m, k, n)
 
 
-def _width_pinned(k, n):
-    """Whether the tier of (k, n) sets BLOCK_SIZE_N itself."""
-    return any("BLOCK_SIZE_N" in t for t in S.TIERS if t["N_MIN"] <= n <= t["N_MAX"] and t["K_MIN"] <= k <= t["K_MAX"])
-
-
 def _wide_rule_holds(m, k, n):
     """Whether plan(m, k, n) is what WIDE_TILE's rule gives a shape no tier sets the width of: 128-column tiles with
     the 64-column plan's split where that one-row plan runs the WS loop within one wave, else the 64-column plan."""
     cfg, narrow, one = S.plan(m, k, n), S.plan(m, k, n, {"WS_WIDE": 0}), S.plan(1, k, n, {"WS_WIDE": 0})
-    assert not _width_pinned(k, n)
+    assert "BLOCK_SIZE_N" not in S._tier(k, n)  # the tier plan() applies sets no width
     wide = one["WS"] and one["M_TILES"] * one["N_TILES"] * one["SPLIT_K"] <= one["WS_MAX_PROGRAMS"]
     if not wide:
         return cfg == {**narrow, "WS_WIDE": 1}
@@ -285,7 +280,7 @@ def test_ws_plans_within_one_wave_take_wide_tiles_at_the_64_column_split():
         extra = rng.choice([{}, {"GRID": 1}, {"WS_MIN_US": 0}, {"WS_MAX_PROGRAMS": 0}, {"SPLIT_K": 0}, {"SPLIT_K": 3}])
         widths = {S.plan(m, k, n, extra)["BLOCK_SIZE_N"] for m in (1, 2, 17, 32, 33, 64)}
         assert widths == {S.plan(1, k, n)["BLOCK_SIZE_N"]}, (k, n, extra)  # what build repacks for
-        assert _width_pinned(k, n) or _wide_rule_holds(rng.randint(1, 32), k, n), (k, n)
+        assert "BLOCK_SIZE_N" in S._tier(k, n) or _wide_rule_holds(rng.randint(1, 32), k, n), (k, n)
 
 
 def test_warp_specialized_plans_take_the_most_splits_that_keep_one_wave():
