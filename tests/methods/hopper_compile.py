@@ -1,6 +1,6 @@
 """Compile the W4A16 family's kernels for sm90 (no GPU needed) for every plan the visible panel gets, the inline-PTX
 dequants on one case, and the stream-K kernel (GRID 1) for each visible case; print one JSON record per kernel.
-With --ws: the warp-specialized kernel (ws.py) for the visible plans that WS_MIN_US 30 gives it, then on the first
+With --ws: the warp-specialized kernel (ws.py) for the visible plans that run it (WS_MIN_US 30), then on the first
 of them 128 columns a program and one row of x (16-row x tiles, M = 1).
 
 Usage: python tests/methods/hopper_compile.py SOLUTION_DIR [--ws]   (without TRITON_INTERPRET: the interpreter never
@@ -229,7 +229,7 @@ def main(solution: str) -> None:
 
 def main_ws(solution: str) -> None:
     module = load_solution(Path(solution))
-    cases = [case for case in kh.load_panel("visible") if module.plan(case.m, case.k, case.n, {"WS_MIN_US": 30})["WS"]]
+    cases = [case for case in kh.load_panel("visible") if module.plan(case.m, case.k, case.n)["WS"]]
     jobs = [(case, {"WS_MIN_US": 30}) for case in cases]
     # one consumer warpgroup where the plan has two, and two where it has one
     jobs += [(case, {"WS_MIN_US": 30, "BLOCK_SIZE_N": 64, "WS_MAXNREG": 64, "WS_STAGES": 3, "WS_MAX_PROGRAMS": 528}

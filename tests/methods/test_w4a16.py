@@ -170,11 +170,39 @@ def test_plans_of_ws_min_us_and_more_run_the_warp_specialized_loop():
     for m, k, n in VISIBLE:
         cfg = S.plan(m, k, n, {"WS_MIN_US": 30})
         assert cfg["WS"] == int(cfg["PREDICTED_US"] >= 30), cfg
-        assert S.plan(m, k, n)["WS"] == cfg["WS"]  # the default plan: WS_MIN_US 30
+        own = S.plan(m, k, n)  # the general WS_MIN_US, or the expert-batch tier's
+        assert own["WS"] == int(own["PREDICTED_US"] >= own["WS_MIN_US"]), own
         assert S.plan(m, k, n, {"WS_MIN_US": 0})["WS"] == 0
         assert S.plan(m, k, n, {"WS_MIN_US": 30, "GRID": 1})["WS"] == 0
         assert S.plan(m, k, n, {"WS_MIN_US": 1, "BLOCK_SIZE_N": 256})["WS"] == 0
-    assert [S.plan(m, k, n, {"WS_MIN_US": 30})["WS"] for m, k, n in VISIBLE].count(1) == 2  # the 117 MB weights
+    assert [S.plan(m, k, n)["WS"] for m, k, n in VISIBLE].count(1) == 2  # the 117 MB weights
+
+
+def test_expert_batch_widths_keep_a_margin_over_the_host_cost():
+    """N under 4096 (the expert-batch regime) takes a device-bound floor of 22 us, over the general 16, and the WS
+    loop (whose launcher costs more host time a call) only from 45 us predicted; the balanced widths keep the general
+    plan. Every plan still follows the device-bound rule."""
+    from evals.verifier import make_panel
+
+    general = S.get_config()
+    assert (general["DEVICE_BOUND_US"], general["WS_MIN_US"]) == (16, 30)
+    tier = S._tier(8192, 1024)
+    assert (tier["DEVICE_BOUND_US"], tier["WS_MIN_US"], tier["N_MAX"]) == (22, 45, 4095)
+    assert all(not S._tier(k, n) or "DEVICE_BOUND_US" not in S._tier(k, n) for k in (8192, 28672) for n in (4096, 8192))
+    shapes = {(c["m"], c["k"], c["n"]) for seed in range(40) for c in make_panel(seed)["cases"]}
+    experts = [(m, k, n) for m, k, n in sorted(shapes) if n < 4096]
+    assert len(experts) > 100
+    for m, k, n in experts:
+        cfg = S.plan(m, k, n)
+        assert (cfg["DEVICE_BOUND_US"], cfg["WS_MIN_US"]) == (22, 45), (m, k, n)
+        assert cfg["PREDICTED_US"] >= 22 or cfg["SPLIT_K"] == 1, (m, k, n)
+        assert cfg["WS"] == int(cfg["PREDICTED_US"] >= 45), (m, k, n)
+        assert_device_bound(cfg, S.plan(m, k, n, {"DEVICE_BOUND_US": 0}))
+    # the visible expert-batch cases: fewer splits than at the general floor, none of them on the WS loop
+    for m, k, n in VISIBLE:
+        if n < 4096:
+            cfg, general_floor = S.plan(m, k, n), S.plan(m, k, n, {"DEVICE_BOUND_US": 16, "WS_MIN_US": 30})
+            assert cfg["SPLIT_K"] < general_floor["SPLIT_K"] and cfg["WS"] == 0, (m, k, n)
 
 
 def test_the_widest_deep_tier_is_warp_specialized_for_every_m():

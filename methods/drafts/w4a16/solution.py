@@ -89,6 +89,17 @@ WS_WAVE_FILL = 0.7
 # (the verifier's schedule spread a 17 us leaner plan past its 1.15 gate where the 19 us default one held). The split
 # count is chosen first and stays.
 
+# Host margins for the expert-batch widths (N under 4096; reports/examples/h200-host-margin). A call whose GPU time
+# does not clear its host cost lets the host's stalls into the verifier's group times. On the H200 the lean host path
+# (LAUNCH 2) cost 9-18 us a call in the verifier's runs, the WS loop's 17-30 us (its launcher encodes three tensor
+# descriptors on every call: triton 3.6 takes no encoded one). These widths' plans, 16-96 programs, ran 17-20 us a
+# call at the general floor of 16, and three failed the 1.15 gate in verifier runs (1.158, 1.164, 1.550, at 1.0-1.25x
+# their host cost). Their tier (TIERS) asks a floor of 22 (the same cases ran 20.6-28 us) and runs the WS loop only
+# from 45 us predicted: the WS loop takes 0.73-0.89x the model's time, and at 30 us predicted its 22-23 us plans cost
+# 24-30 us of host a call (one group vector spread 1.445). The balanced widths keep 16: their 19 us plans have
+# hundreds of programs, so the next fewer split the model predicts slower is one split (18x8192x8192: 33 us against
+# 19), and their vectors held (one spread 1.159 at 1.6x its host cost).
+
 
 def get_config():
     # The general plan: every shape that no tier claims. BLOCK_SIZE_K is the quantization group. BLOCK_SIZE_M is the
@@ -174,6 +185,8 @@ TIERS = [
     # the other widest outputs: at 64 columns 24x8192x28672 ran two splits faster than one (59.1 vs 62.3 us eager
     # on the H200, the split-K kernel)
     {"N_MIN": 16384, "N_MAX": 1 << 40, "K_MIN": 128, "K_MAX": 1 << 40, "MIN_PROGRAMS": 528, "num_stages": 3},
+    # the expert-batch widths: a higher device-bound floor, for a margin over the host cost (Host margins, above)
+    {"N_MIN": 1, "N_MAX": 4095, "K_MIN": 128, "K_MAX": 1 << 40, "DEVICE_BOUND_US": 22, "WS_MIN_US": 45},
 ]
 
 # What the loop may change, as data (agent/proposers/offline.py reads it without importing this file). "unmeasured"
