@@ -217,10 +217,22 @@ def test_what_a_table_decides_follows_the_shapes_as_plan_matches_them():
     """A tier covering part of a stratum decides only the shapes it holds (the first matching tier, as plan() picks
     it); the rest take the general table, so a new tier for the stratum may take that knob for them."""
     family = (ROOT / "methods" / "drafts" / "w4a16" / "solution.py").read_text()
-    tables, space = find_tables(family), read_space(family)
     cases = [{"case": {"stratum": stratum, "n": n, "k": 8192}}
              for stratum, n in (("expert-batch", 1024), ("balanced", 8192), ("balanced", 28672))]
     expert = {"strata": {"balanced": 1.0, "expert-batch": 0.5}, "cases": cases}
+    # the family's own expert-batch tier covers the stratum's widths: no second one, and the moves of that tier
+    # are its own knobs (those it sets), since the first matching tier decides the shape
+    tables = find_tables(family)
+    held = [t for t in tables[1:] if t.n_range and t.n_range[0] <= 1 and t.n_range[1] >= 2048]
+    assert held and new_tier(family, tables, "expert-batch") is None
+    moves = single_moves(tables, expert, read_space(family), None)
+    assert {m.knob for m in moves if m.table == held[0].name} <= set(held[0].entries) - {"N_MIN", "N_MAX", "K_MIN",
+                                                                                        "K_MAX"}
+    assert any(m.table == held[0].name for m in moves)
+    # without it, a new tier for the stratum may take a knob the general table decides for the expert-batch case
+    line = next(line for line in family.splitlines() if line.lstrip().startswith('{"N_MIN": 1, "N_MAX": 4095'))
+    family = family.replace(line + "\n", "")
+    tables, space = find_tables(family), read_space(family)
     moves = single_moves(tables, expert, space, new_tier(family, tables, "expert-batch"))
     # the widest deep tier (N >= 23808, K >= 8192) holds one balanced case: the general MIN_PROGRAMS serves the other
     # and the expert-batch case, so an expert-batch tier of its own may move it
