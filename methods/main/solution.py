@@ -24,9 +24,10 @@ How (kernels.py, pack.py, launch.py):
 - Plans predicted at WS_MIN_US (30) or more run the warp-specialized loop of ws.py on Hopper (a
   producer warp copies each step's words, x tile and row of scales into a shared-memory ring with the copy engine;
   consumer warps dequantize, multiply and scale, no global load in their loop), their splits kept to one wave of
-  programs where that wave stays full enough (WS_MAX_PROGRAMS); the widest deep weights take 128-column tiles,
-  two consumer warpgroups sharing each x tile (TIERS). Elsewhere (the interpreter, other GPUs) the split-K kernel
-  runs those plans, with the same split.
+  programs where that wave stays full enough (WS_MAX_PROGRAMS); the shapes whose WS plans stay in one wave of
+  128-column tiles take them at the same split, two consumer warpgroups sharing each x tile (WIDE_TILE), and so do
+  two tiers with split rules of their own (TIERS). Elsewhere (the interpreter, other GPUs) the split-K kernel runs
+  those plans, with the same split.
 - Split-K for small N: the splits add their fp32 partials into a kept (M, N) accumulator and count themselves in per
   tile; the last one applies the epilogue and leaves accumulator and counter at zero. One launch per call.
 - The host path: per M the plan and a launcher of the compiled kernel are made once; a call checks its arguments with
@@ -88,6 +89,17 @@ WS_WAVE_FILL = 0.7
 # (the verifier's schedule spread a 17 us leaner plan past its 1.15 gate where the 19 us default one held). The split
 # count is chosen first and stays.
 
+# Host margins for the expert-batch widths (N under 4096; reports/examples/h200-host-margin). A call whose GPU time
+# does not clear its host cost lets the host's stalls into the verifier's group times. On the H200 the lean host path
+# (LAUNCH 2) cost 9-18 us a call in the verifier's runs, the WS loop's 17-30 us (its launcher encodes three tensor
+# descriptors on every call: triton 3.6 takes no encoded one). These widths' plans, 16-96 programs, ran 17-20 us a
+# call at the general floor of 16, and three failed the 1.15 gate in verifier runs (1.158, 1.164, 1.550, at 1.0-1.25x
+# their host cost). Their tier (TIERS) asks a floor of 22 (the same cases ran 20.6-28 us) and runs the WS loop only
+# from 45 us predicted: the WS loop takes 0.73-0.89x the model's time, and at 30 us predicted its 22-23 us plans cost
+# 24-30 us of host a call (one group vector spread 1.445). The balanced widths keep 16: their 19 us plans have
+# hundreds of programs, so the next fewer split the model predicts slower is one split (18x8192x8192: 33 us against
+# 19), and their vectors held (one spread 1.159 at 1.6x its host cost).
+
 
 def get_config():
     # The general plan: every shape that no tier claims. BLOCK_SIZE_K is the quantization group. BLOCK_SIZE_M is the
@@ -115,37 +127,66 @@ def get_config():
     # smaller grid still fills WS_WAVE_FILL of the wave; otherwise the split-K plan's split stays. 528 is what an
     # H200 holds at once with BLOCK_SIZE_N 64 under a cap of 64 (4 programs of 8 warps, the producer's padded to a
     # warpgroup, on each of 132 SMs); 128-column tiles fit 2 (264).
+    # WS_WIDE 1 gives WIDE_TILE (128-column tiles) to the shapes whose WS plans it keeps in one wave (plan()); 0 never.
     return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 396,
             "DEQUANT": 2, "SCALE_AFTER_DOT": 1, "SCALE_LOAD": 0, "WEIGHT_TMA": 0, "LAUNCH": 2, "GRID": 0,
             "num_warps": 4, "num_stages": 4, "MAXNREG": 0, "DEVICE_BOUND_US": 16, "LEAN_MIN_US": 22,
             "LEAN_DEQUANT": 3, "LEAN_MAXNREG": 96, "WS_MIN_US": 30, "WS_STAGES": 3, "WS_MAXNREG": 64,
-            "WS_MAX_PROGRAMS": 528}
+            "WS_MAX_PROGRAMS": 528, "WS_WIDE": 1}
 
 
-# Per-shape overrides: the first tier whose N and K ranges hold the shape updates the general plan.
+# 128-column tiles for the warp-specialized loop (WS_WIDE in get_config): two consumer warpgroups share each x tile,
+# so a program reads half the x bytes per weight byte through L2 and shared memory, under a 72-register cap (2 programs
+# an SM: one wave is 264) with 4 ring stages. The tile width is the shape's, whatever M a call brings (build repacks
+# the words once for it): a (K, N) takes these tiles where its one-row plan runs the WS loop at 64 columns and, at
+# the same split, would run it at 128 within one wave of 264; every M keeps the split and the loops its 64-column
+# plan chooses (an M over 32 has more M tiles, so up to twice the programs: unmeasured). On the H200, against 64
+# columns in 3 stages under a cap of 64, with the same split:
+# - 24x8192x28672 (unsplit) ran 1.10-1.11x faster (do_bench, the L2 flushed), and 32x28672x8192 (4 splits)
+#   0.99-1.01x (reports/examples/h200-weight-stream), 1.05x under a sustained eager loop (h200-power);
+# - eight shapes of the sealed panels' kinds, 64-117 MB of words in 2-5 splits (192-264 programs), ran 0.998-1.165x
+#   as fast in a burst from a cool board and 1.02-1.12x faster under a sustained eager loop
+#   (reports/examples/h200-power). There the board's power cap held on every 64-column pass, even at 30 us a call;
+#   a call's work that takes less energy keeps the SM clock higher (by 0-105 MHz; the largest gain, 1.17x, came with
+#   0-30 MHz, so not from the clock alone).
+# The rule takes 6-split and smaller grids too, unmeasured. A shape whose 64-column WS plan runs past one wave (its
+# split kept where one wave would fill under WS_WAVE_FILL) keeps 64 columns: such grids are unmeasured at 128
+# (128-column grids of 2-3 waves, at the split-K plan's own larger split, lost 0.85-0.87x). num_warps and num_stages
+# serve only the split-K kernel of GPUs without the WS loop (and the interpreter), which runs these plans with the
+# same split.
+WIDE_TILE = {"BLOCK_SIZE_N": 128, "num_warps": 8, "num_stages": 3, "WS_STAGES": 4, "WS_MAXNREG": 72,
+             "WS_MAX_PROGRAMS": 264}
+
+# Per-shape overrides: the first tier whose N and K ranges hold the shape updates the general plan (and WIDE_TILE,
+# where it applies; a tier that sets BLOCK_SIZE_N keeps its own width and split rule).
 TIERS = [
     # the widest deep weights: 128-column tiles read each x tile once for two consumer warpgroups (half the x bytes
     # per weight byte), under a 72-register cap (2 programs an SM: one wave is 264) with 4 ring stages. On the H200
     # 24x8192x28672 (unsplit either way) ran 1.10-1.11x faster than with 64-column tiles in 3 stages (do_bench, the L2
     # flushed); 32x28672x8192's plan, not in this tier, ran 0.99-1.01x so, inside the 0.99-1.02x of its own repeats
-    # (reports/examples/h200-weight-stream). K >= 8192 here is at least 93 MiB of words: every M plans the WS loop
-    # (WS_MIN_US), so num_warps 8 (the split-K kernel's 128-column tile on 8 warps, not 4) serves only GPUs without
-    # it. N >= 23808 is 186 or more 128-column tiles, enough to fill 70% of the wave unsplit (WS_WAVE_FILL); N 17152
-    # to 23552 would keep 3-4 splits, 2-3 waves of these programs, which lost 0.85-0.87x on the H200.
+    # (reports/examples/h200-weight-stream; the next tier takes it, for the power limit of a sustained loop).
+    # K >= 8192 here is at least 93 MiB of words: every M plans the WS loop (WS_MIN_US), so num_warps 8 (the split-K
+    # kernel's 128-column tile on 8 warps, not 4) serves only GPUs without it. N >= 23808 is 186 or more 128-column
+    # tiles, enough to fill 70% of the wave unsplit (WS_WAVE_FILL); N 17152 to 23552 would keep 3-4 splits, 2-3 waves
+    # of these programs, which lost 0.85-0.87x on the H200. Unlike WIDE_TILE this tier keeps 128 columns past one wave
+    # (N over 33792).
     {"N_MIN": 23808, "N_MAX": 1 << 40, "K_MIN": 8192, "K_MAX": 1 << 40, "MIN_PROGRAMS": 528, "num_stages": 3,
      "num_warps": 8, "BLOCK_SIZE_N": 128, "WS_STAGES": 4, "WS_MAXNREG": 72, "WS_MAX_PROGRAMS": 264},
-    # the deepest weights of 64-66 128-column tiles: 4 splits of them fill 97-100% of the 264-program wave. On the H200
-    # the two 117 MB cases draw the board's 700 W limit under a sustained eager loop, which lowers the SM clock
-    # (evals/power.py); 128-column tiles move half the x bytes through L2 and shared memory per weight byte, so each
-    # call takes less energy and the clock stays higher: 32x28672x8192 ran 1.05x faster sustained (48.4-48.5 against
-    # 51.0 us; SM clock 1695 against 1560 MHz) and 1.01x in a burst from a cool board (reports/examples/h200-power).
-    # N 8704-11264 (3 splits, 77-100% of the wave) is unmeasured and keeps 64 columns.
+    # the deepest weights of 64-66 128-column tiles: at M <= 32, 4 splits of them fill 97-100% of the 264-program
+    # wave (M 33-64 takes 2 splits and a larger M 1: unmeasured). On the H200 the two 117 MB cases draw the board's
+    # 700 W limit under a sustained eager loop, which lowers the SM clock (evals/power.py); 128-column tiles move half
+    # the x bytes through L2 and shared memory per weight byte, so a call's work takes less energy and the clock stays
+    # higher: 32x28672x8192 ran 1.05x faster sustained (48.4-48.5 against 51.0 us; SM clock 1695 against 1560 MHz)
+    # and 1.01x in a burst from a cool board (reports/examples/h200-power). Here the tier's split rule (the 264-program
+    # wave) gives 4 splits; WIDE_TILE's (the 64-column plan's split) would give N 8448 3.
     # Its num_warps and num_stages, as the tier above, serve only the split-K kernel of GPUs without the WS loop.
     {"N_MIN": 8192, "N_MAX": 8448, "K_MIN": 16384, "K_MAX": 1 << 40, "BLOCK_SIZE_N": 128, "num_warps": 8,
      "num_stages": 3, "WS_STAGES": 4, "WS_MAXNREG": 72, "WS_MAX_PROGRAMS": 264},
     # the other widest outputs: at 64 columns 24x8192x28672 ran two splits faster than one (59.1 vs 62.3 us eager
     # on the H200, the split-K kernel)
     {"N_MIN": 16384, "N_MAX": 1 << 40, "K_MIN": 128, "K_MAX": 1 << 40, "MIN_PROGRAMS": 528, "num_stages": 3},
+    # the expert-batch widths: a higher device-bound floor, for a margin over the host cost (Host margins, above)
+    {"N_MIN": 1, "N_MAX": 4095, "K_MIN": 128, "K_MAX": 1 << 40, "DEVICE_BOUND_US": 22, "WS_MIN_US": 45},
 ]
 
 # What the loop may change, as data (agent/proposers/offline.py reads it without importing this file). "unmeasured"
@@ -177,6 +218,9 @@ SEARCH_SPACE = {
                             "reason": "the warp-specialized plans' splits kept to one wave of programs (528 on an "
                                       "H200 with 64-column tiles, 264 with 128): no partial second wave, fewer "
                                       "accumulator atomics"},
+        "WS_WIDE": {"values": [1, 0],
+                    "reason": "128-column tiles (WIDE_TILE) for the WS plans that stay in one wave: half the x bytes "
+                              "per weight byte, less energy per call under the board's power limit"},
         "LEAN_MIN_US": {"values": [0, 18, 20, 22, 24, 30],
                         "reason": "a lower threshold runs the leaner loop (LEAN_DEQUANT, LEAN_MAXNREG) on more "
                                   "plans: faster, but a plan near its host cost loses its steady group times (a "
@@ -199,7 +243,7 @@ SEARCH_SPACE = {
 
 _TIER_RANGE_KEYS = ("N_MIN", "N_MAX", "K_MIN", "K_MAX")
 _ALLOWED = {"DEQUANT": (1, 2, 3), "LEAN_DEQUANT": (1, 2, 3), "SCALE_AFTER_DOT": (0, 1), "SCALE_LOAD": (0, 1, 2),
-            "WEIGHT_TMA": (0, 1), "LAUNCH": (1, 2), "GRID": (0, 1)}
+            "WEIGHT_TMA": (0, 1), "LAUNCH": (1, 2), "GRID": (0, 1), "WS_WIDE": (0, 1)}
 
 
 def _next_pow2(value):
@@ -207,10 +251,46 @@ def _next_pow2(value):
 
 
 def plan(M, K, N, overrides=None):
-    """The launch plan of one (M, K, N): the general config, updated by the matching tier and ``overrides``, with
-    the tile sizes, the tile counts and the split (or the stream-K program count, PROGRAMS) resolved."""
+    """The launch plan of one (M, K, N): the general config, updated by WIDE_TILE where the shape takes it, the
+    matching tier and ``overrides``, with the tile sizes, the tile counts and the split (or the stream-K program count,
+    PROGRAMS) resolved. A shape that takes WIDE_TILE keeps the split and the loops (WS, DEQUANT, MAXNREG) its
+    64-column plan chooses."""
+    narrow = _plan(M, K, N, overrides, wide=False)
+    if not _takes_wide_tiles(K, N, overrides, narrow):
+        return narrow
+    fixed = (overrides or {}).get("SPLIT_K")  # 0, like no SPLIT_K, leaves the split to the plan
+    same_split = {} if narrow["GRID"] == 1 or fixed else {"SPLIT_K": narrow["SPLIT_K"]}
+    config = _plan(M, K, N, {**(overrides or {}), **same_split}, wide=True)
+    # the model's rate per program is the 64-column tile's, so for the wider tile's fewer programs it predicts more
+    # time than the H200 took (20x11392x12288: 38.9 us predicted, 35.5 measured): the loops stay the narrow plan's
+    config.update({key: narrow[key] for key in ("WS", "DEQUANT", "MAXNREG")})
+    return config
+
+
+def _tier(K, N):
+    return next((t for t in TIERS if t["N_MIN"] <= N <= t["N_MAX"] and t["K_MIN"] <= K <= t["K_MAX"]), {})
+
+
+def _takes_wide_tiles(K, N, overrides, narrow):
+    """Whether a (K, N) takes WIDE_TILE: WS_WIDE on (the tables' or ``overrides``'), no width set by its tier or
+    ``overrides``, and by the tables alone (other overrides never change a shape's width, as they never change its
+    tier) its one-row plan runs the WS loop at the general width and, at the same split with WIDE_TILE, in one
+    wave of WIDE_TILE's programs (a tier's WS_MAX_PROGRAMS does not move it)."""
+    if not narrow["WS_WIDE"] or "BLOCK_SIZE_N" in _tier(K, N) or "BLOCK_SIZE_N" in (overrides or {}):
+        return False
+    one = _plan(1, K, N, None, wide=False)
+    if not one["WS"]:
+        return False
+    wide = _plan(1, K, N, {"SPLIT_K": one["SPLIT_K"]}, wide=True)
+    programs = wide["M_TILES"] * wide["N_TILES"] * wide["SPLIT_K"]
+    return bool(wide["WS"] and wide["BLOCK_SIZE_N"] > one["BLOCK_SIZE_N"] and programs <= WIDE_TILE["WS_MAX_PROGRAMS"])
+
+
+def _plan(M, K, N, overrides, wide):
     config = dict(get_config())
-    tier = next((t for t in TIERS if t["N_MIN"] <= N <= t["N_MAX"] and t["K_MIN"] <= K <= t["K_MAX"]), {})
+    if wide:
+        config.update(WIDE_TILE)
+    tier = _tier(K, N)
     config.update({key: value for key, value in tier.items() if key not in _TIER_RANGE_KEYS})
     unknown = sorted(set(overrides or {}) - set(config))
     if unknown:
