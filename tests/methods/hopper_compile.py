@@ -130,8 +130,10 @@ def consumer_loop(sass: str) -> tuple[float, float]:
 
 def compile_ws(module, case, overrides) -> dict:
     """The warp-specialized kernel of one plan, compiled for sm90 as the family's host path would launch it."""
+    from triton.backends.nvidia.driver import make_launcher
     from triton.experimental.gluon._runtime import GluonASTSource
     ws = importlib.import_module(module.__name__.rpartition(".")[0] + ".ws")
+    launch = importlib.import_module(module.__name__.rpartition(".")[0] + ".launch")
     cfg = module.plan(case.m, case.k, case.n, overrides)
     assert cfg["WS"], (case.name, overrides)
     bm, bn, bk = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
@@ -155,6 +157,12 @@ def compile_ws(module, case, overrides) -> dict:
                             target=GPUTarget("cuda", 90, 32), options=options)
     sass = _cubin_tool("nvdisasm", ["-c"], kernel.asm["cubin"])
     per_step, waits = consumer_loop(sass)
+    # WS_LAUNCH 1's launcher: the kernel's own signature and descriptors' metadata, spelled encoded, must give the C
+    # source triton writes for the kernel
+    metas = kernel.metadata.tensordesc_meta
+    encoded = launch.encoded_signature(list(kernel.src.signature.values()), metas)
+    same_launcher = encoded is not None and \
+        make_launcher({}, dict(enumerate(encoded)), None) == make_launcher({}, kernel.src.signature, metas)
     ptx = kernel.asm["ptx"]
     reads = ptx.rfind("ld.volatile.global")  # the last split's reads of the sums, then their zeroing (compile_sm90)
     zeroing = re.search(r"st\.global(?:\.v\d)?\.b32 \[[^\]]*\], \{ (%r\d+)(?:, \1)* \}", ptx[reads:]) \
@@ -164,7 +172,8 @@ def compile_ws(module, case, overrides) -> dict:
             "registers": registers(kernel.asm["cubin"]), "loop_sass": per_step, "wgmma_waits": waits,
             "local_memory": len(re.findall(r"\b(?:LDL|STL)\b", sass)), "tma": "cp.async.bulk.tensor" in ptx,
             "f16x2_dequant": "fma.rn.f16x2" in ptx,
-            "barrier_after_reads": bool(zeroing) and "bar.sync" in ptx[reads:reads + zeroing.start()]}
+            "barrier_after_reads": bool(zeroing) and "bar.sync" in ptx[reads:reads + zeroing.start()],
+            "encoded_descriptors": len(metas or ()), "encoded_launcher_same": same_launcher}
 
 
 def kernel_plan(module, case, overrides=None) -> tuple[str, dict, dict, dict]:

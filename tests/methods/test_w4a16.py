@@ -346,16 +346,18 @@ def test_warp_specialized_plans_take_the_most_splits_that_keep_one_wave():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", [{"WS_MIN_US": 1}, {"WS_MIN_US": 1, "SPLIT_K": 1},
-                                    {"WS_MIN_US": 1, "BLOCK_SIZE_N": 128, "WS_MAXNREG": 72, "WS_STAGES": 4}])
+                                    {"WS_MIN_US": 1, "BLOCK_SIZE_N": 128, "WS_MAXNREG": 72, "WS_STAGES": 4},
+                                    {"WS_MIN_US": 1, "WS_LAUNCH": 1}, {"WS_MIN_US": 1, "WS_LAUNCH": 1, "SPLIT_K": 1}])
 def test_the_warp_specialized_loop_on_cuda(config, monkeypatch):
     """The Gluon loop itself (on Hopper a WS plan runs ws.py, not the split-K kernel): a visible-size case and a thin
     one, normal and adversarial inputs, right again after repeated calls (a partial sum or counter left behind would
-    show), the kept accumulator at zero."""
+    show), the kept accumulator at zero; with WS_LAUNCH 1, through the launcher of pre-encoded descriptors."""
     if torch.cuda.get_device_capability(DEVICE)[0] != 9:
         pytest.fail("the warp-specialized loop needs Hopper (sm90); this GPU runs its plans on the split-K kernel")
-    made = []
-    real = LAUNCH.ws_call
+    made, encoded = [], []
+    real, real_encoded = LAUNCH.ws_call, LAUNCH.encoded_call
     monkeypatch.setattr(LAUNCH, "ws_call", lambda *args: made.append(args[0]["WS"]) or real(*args))
+    monkeypatch.setattr(LAUNCH, "encoded_call", lambda *args: encoded.append(1) or real_encoded(*args))
     for case in (kh.Case("ws", 24, 8192, 3072, "gelu_tanh", 21), kh.Case("ws", 5, 640, 512, "silu", 22)):
         assert S.plan(case.m, case.k, case.n, config)["WS"] == 1
         for mode in kh.MODES:
@@ -367,6 +369,25 @@ def test_the_warp_specialized_loop_on_cuda(config, monkeypatch):
             assert not any(o.any().item() for o in gc.get_objects() if type(o) is torch.Tensor
                            and o.dtype == torch.float32 and tuple(o.shape) == (case.m, case.n)), "kept state"
     assert made == [1] * 4, "every build's first call made the warp-specialized launch"
+    assert len(encoded) == (4 if config.get("WS_LAUNCH") else 0), "WS_LAUNCH 1 takes the pre-encoded launcher"
+
+
+def test_the_encoded_launcher_is_the_one_triton_makes_for_the_kernel():
+    """WS_LAUNCH 1 spells each descriptor parameter as its encoded arguments; triton's make_launcher must then write
+    the same C source as for the kernel's own signature (so the same cached module, and the same argument parsing),
+    and it must be found: a launcher that fell back to the normal path would show nothing on a GPU."""
+    from triton.backends.nvidia.driver import make_launcher
+    signature = {"q_desc": "tensordesc<i32[64, 16]>", "x_desc": "tensordesc<fp16[32, 128]>",
+                 "s_desc": "tensordesc<fp16[1, 64]>", "bias_ptr": "*fp16", "residual_ptr": "*fp16", "out_ptr": "*fp16",
+                 "acc_ptr": "*fp32", "counters_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
+                 "ACTIVATION": "constexpr", "SPLIT_K": "constexpr", "BLOCK_M": "constexpr"}
+    meta = [{"swizzle": 0, "elem_size": 4, "elem_type": 5, "block_size": [64, 16], "fp4_padded": False}] * 3
+    encoded = LAUNCH.encoded_signature(list(signature.values()), meta)
+    assert encoded[:5] == ["nvTmaDesc", "i32", "i32", "i64", "i64"] and len(encoded) == len(signature) + 3 * 4
+    assert make_launcher({}, dict(enumerate(encoded)), None) == make_launcher({}, signature, meta)
+    assert LAUNCH.encoded_signature(list(signature.values()), [meta[0], None, meta[0]]) is None, \
+        "a descriptor not on the copy engine (no metadata) has no encoded form: the normal path"
+    assert LAUNCH.encoded_signature(["*fp16", "i32"], None) == ["*fp16", "i32"]
 
 
 def test_plans_of_lean_min_us_and_more_run_the_leaner_loop_and_the_shorter_ones_the_default():
@@ -785,6 +806,8 @@ def test_the_warp_specialized_loop_compiles_for_hopper_as_the_prototype_measured
         assert kernel["wgmma_waits"] == 1 and 125 <= kernel["loop_sass"] <= 155, kernel
         assert kernel["local_memory"] == 0 and kernel["registers"] == kernel["maxnreg"], kernel
         assert kernel["shared"] <= HOPPER_SHARED_BYTES, kernel
+        # the three descriptors on the copy engine, and WS_LAUNCH 1's launcher the same C source as triton's
+        assert kernel["encoded_descriptors"] == 3 and kernel["encoded_launcher_same"], kernel
 
 
 def test_every_visible_plan_compiles_for_hopper_as_the_measured_winners_did():
