@@ -125,13 +125,14 @@ def descriptor_call(run, descriptors, x_shape, out_shape, device, bias, kept, ta
     return call
 
 
-def encoded_call(run, encode, descriptors, x_shape, out_shape, device, bias, kept, tail, check):
+def encoded_call(run, encode, metas, descriptors, x_shape, out_shape, device, bias, kept, tail, check):
     """WS_LAUNCH 1: as ``descriptor_call``, but the words' and the scales' descriptors are encoded once, here (the
-    tensors behind them are build's and never move), and only x's on each call, through ``encode`` (what triton's
-    launcher does for every descriptor on every call). ``run`` is the launcher's C entry for the encoded arguments. The
-    encoded maps hold bare addresses, as ``address_call``'s do: build holds the words and the scales behind them."""
+    tensors behind them are build's and never move), and only x's on each call: ``encode(descriptor, meta)`` with
+    the i-th descriptor's ``metas[i]`` (what triton's launcher does for every descriptor on every call). ``run`` is
+    the launcher's C entry for the encoded arguments. The encoded maps hold bare addresses, as ``address_call``'s
+    do: build holds the words and the scales behind them."""
     q_desc, x_desc, s_desc = descriptors
-    q_args, s_args = encode(0, q_desc), encode(2, s_desc)
+    q_args, s_args, x_meta = encode(q_desc, metas[0]), encode(s_desc, metas[2]), metas[1]
     x_dims, x_strides, padding = list(x_desc.shape), list(x_desc.strides), x_desc.padding
     b_ptr = bias.data_ptr()
     a_ptr, c_ptr = (kept[0].data_ptr(), kept[1].data_ptr()) if kept else (0, 0)
@@ -142,7 +143,7 @@ def encoded_call(run, encode, descriptors, x_shape, out_shape, device, bias, kep
             x, residual = check(x, residual)
         out = torch.empty_like(residual)
         o_ptr = out.data_ptr()
-        run(*q_args, *encode(1, Based(x, x_dims, x_strides, padding)), *s_args, b_ptr, residual.data_ptr(), o_ptr,
+        run(*q_args, *encode(Based(x, x_dims, x_strides, padding), x_meta), *s_args, b_ptr, residual.data_ptr(), o_ptr,
             a_ptr if kept else o_ptr, c_ptr if kept else o_ptr, *tail)
         return out
     return call
@@ -176,11 +177,11 @@ class _EncodedSource:
 
 
 def encoded_launcher(kernel, grid, device_index):
-    """``(launch, encode)`` for a compiled kernel with tensor descriptor parameters: ``launch(*args)`` calls the C
-    entry of a launcher made for the encoded arguments (the same source triton makes for the kernel, so the same
-    cached module), ``encode(i, descriptor)`` gives the i-th descriptor's encoded arguments. None where that cannot
-    be made (another triton, a descriptor not on the copy engine, scratch to allocate): the caller takes the normal
-    path."""
+    """``(launch, encode, metas)`` for a compiled kernel with tensor descriptor parameters: ``launch(*args)`` calls the
+    C entry of a launcher made for the encoded arguments (the same source triton makes for the kernel, so the same
+    cached module); ``encode(descriptor, metas[i])`` gives the i-th descriptor's encoded arguments. None where that
+    cannot be made (another triton, a descriptor not on the copy engine, scratch to allocate): the caller takes the
+    normal path."""
     try:
         from triton.backends.nvidia.driver import make_tensordesc_arg
     except ImportError:
@@ -206,10 +207,7 @@ def encoded_launcher(kernel, grid, device_index):
     def launch(*args):
         entry(g0, g1, g2, current_stream(device_index), function, cooperative, pdl, None, None, packed, None, None,
               None, *args)
-
-    def encode(index, descriptor):
-        return make_tensordesc_arg(descriptor, metas[index])
-    return launch, encode
+    return launch, make_tensordesc_arg, metas
 
 
 class Based:
