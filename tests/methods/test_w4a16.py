@@ -347,11 +347,12 @@ def test_warp_specialized_plans_take_the_most_splits_that_keep_one_wave():
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", [{"WS_MIN_US": 1}, {"WS_MIN_US": 1, "SPLIT_K": 1},
                                     {"WS_MIN_US": 1, "BLOCK_SIZE_N": 128, "WS_MAXNREG": 72, "WS_STAGES": 4},
-                                    {"WS_MIN_US": 1, "WS_LAUNCH": 1}, {"WS_MIN_US": 1, "WS_LAUNCH": 1, "SPLIT_K": 1}])
+                                    {"WS_MIN_US": 1, "WS_LAUNCH": 0}, {"WS_MIN_US": 1, "WS_LAUNCH": 0, "SPLIT_K": 1}])
 def test_the_warp_specialized_loop_on_cuda(config, monkeypatch):
     """The Gluon loop itself (on Hopper a WS plan runs ws.py, not the split-K kernel): a visible-size case and a thin
     one, normal and adversarial inputs, right again after repeated calls (a partial sum or counter left behind would
-    show), the kept accumulator at zero; with WS_LAUNCH 1, through the launcher of pre-encoded descriptors."""
+    show), the kept accumulator at zero; through the launcher of pre-encoded descriptors (WS_LAUNCH 1) and through
+    triton's own (0)."""
     if torch.cuda.get_device_capability(DEVICE)[0] != 9:
         pytest.fail("the warp-specialized loop needs Hopper (sm90); this GPU runs its plans on the split-K kernel")
     made, encoded = [], []
@@ -369,7 +370,8 @@ def test_the_warp_specialized_loop_on_cuda(config, monkeypatch):
             assert not any(o.any().item() for o in gc.get_objects() if type(o) is torch.Tensor
                            and o.dtype == torch.float32 and tuple(o.shape) == (case.m, case.n)), "kept state"
     assert made == [1] * 4, "every build's first call made the warp-specialized launch"
-    assert len(encoded) == (4 if config.get("WS_LAUNCH") else 0), "WS_LAUNCH 1 takes the pre-encoded launcher"
+    expected = 4 if S.plan(24, 8192, 3072, config)["WS_LAUNCH"] == 1 else 0
+    assert len(encoded) == expected, "WS_LAUNCH 1 (the default) takes the pre-encoded launcher, 0 triton's own"
 
 
 def test_the_encoded_launcher_is_the_one_triton_makes_for_the_kernel():
