@@ -72,8 +72,9 @@ def make_call(cfg, M, K, N, activation, weights, x, residual, check):
 def ws_call(cfg, M, K, N, activation, weights, kept, x, residual, check):
     """WS 1 on compiled CUDA (Hopper): ``ws.w4a16_ws_kernel`` with the plan's split, on LAUNCH 2's lean host path
     (``fits`` instead of the full check, integer addresses). The descriptors of the words and the scales are made
-    once, here; x's on each call, as a ``Based`` (no checks: ``fits`` or ``check`` has made x what it needs). The
-    launcher encodes every descriptor on every call (triton 3.6 takes no encoded one)."""
+    once, here; x's on each call, as a ``Based`` (no checks: ``fits`` or ``check`` has made x what it needs). Triton's
+    launcher encodes every descriptor on every call; with WS_LAUNCH 1 a launcher made for encoded arguments takes the
+    words' and the scales' encoded once (``encoded_launcher``)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as Descriptor
     words, scales, bias = weights
     block_m, block_n, block_k = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
@@ -93,9 +94,13 @@ def ws_call(cfg, M, K, N, activation, weights, kept, x, residual, check):
     accumulator, counters = kept or (out, out)
     compiled_kernel = w4a16_ws_kernel.warmup(q_desc, x_desc, s_desc, bias, residual, out, accumulator, counters, M, N,
                                              K, grid=grid, **constants, **options)
+    tail = (M, N, K, *constants.values())
+    if cfg["WS_LAUNCH"] == 1:
+        encoded = encoded_launcher(compiled_kernel, grid, device.index)
+        if encoded is not None:
+            return encoded_call(*encoded, (q_desc, x_desc, s_desc), (M, K), (M, N), device, bias, kept, tail, check)
     run = compiled_launcher(compiled_kernel, grid, device.index, bare=True)
-    return descriptor_call(run, (q_desc, x_desc, s_desc), (M, K), (M, N), device, bias, kept,
-                           (M, N, K, *constants.values()), check)
+    return descriptor_call(run, (q_desc, x_desc, s_desc), (M, K), (M, N), device, bias, kept, tail, check)
 
 
 def descriptor_call(run, descriptors, x_shape, out_shape, device, bias, kept, tail, check):
@@ -118,6 +123,91 @@ def descriptor_call(run, descriptors, x_shape, out_shape, device, bias, kept, ta
             a_ptr if kept else o_ptr, c_ptr if kept else o_ptr, *tail)
         return out
     return call
+
+
+def encoded_call(run, encode, metas, descriptors, x_shape, out_shape, device, bias, kept, tail, check):
+    """WS_LAUNCH 1: as ``descriptor_call``, but the words' and the scales' descriptors are encoded once, here (the
+    tensors behind them are build's and never move), and only x's on each call: ``encode(descriptor, meta)`` with
+    the i-th descriptor's ``metas[i]`` (what triton's launcher does for every descriptor on every call). ``run`` is
+    the launcher's C entry for the encoded arguments. The encoded maps hold bare addresses, as ``address_call``'s
+    do: build holds the words and the scales behind them."""
+    q_desc, x_desc, s_desc = descriptors
+    q_args, s_args, x_meta = encode(q_desc, metas[0]), encode(s_desc, metas[2]), metas[1]
+    x_dims, x_strides, padding = list(x_desc.shape), list(x_desc.strides), x_desc.padding
+    b_ptr = bias.data_ptr()
+    a_ptr, c_ptr = (kept[0].data_ptr(), kept[1].data_ptr()) if kept else (0, 0)
+    device_index = device.index
+
+    def call(x, residual):
+        if not fits(x, residual, x_shape, out_shape, device_index):
+            x, residual = check(x, residual)
+        out = torch.empty_like(residual)
+        o_ptr = out.data_ptr()
+        run(*q_args, *encode(Based(x, x_dims, x_strides, padding), x_meta), *s_args, b_ptr, residual.data_ptr(), o_ptr,
+            a_ptr if kept else o_ptr, c_ptr if kept else o_ptr, *tail)
+        return out
+    return call
+
+
+def encoded_signature(signature, tensordesc_meta):
+    """A kernel's launcher signature (its parameters' types in order) with each tensor descriptor spelled as the
+    arguments its encoding gives (``nvTmaDesc``, then the dims as i32 and the strides as i64), which is how triton
+    3.6's ``make_launcher`` expands a descriptor lowered to the copy engine; None when a descriptor is not lowered so
+    (no metadata of its own)."""
+    metas = iter(tensordesc_meta or ())
+    expanded = []
+    for ty in signature:
+        if isinstance(ty, str) and ty.startswith("tensordesc"):
+            if next(metas, None) is None:
+                return None
+            ndim = ty[ty.index("[") + 1:ty.index("]")].count(",") + 1
+            expanded += ["nvTmaDesc"] + ["i32"] * ndim + ["i64"] * ndim
+        else:
+            expanded.append(ty)
+    return expanded
+
+
+class _EncodedSource:
+    """What triton's launcher class reads of a kernel's source (``constants``, ``signature``, ``fn.arg_names``),
+    with the descriptors spelled as their encoded arguments: the launcher it makes has no per-call encoding."""
+
+    def __init__(self, src, signature):
+        self.constants, self.fn = getattr(src, "constants", {}), src.fn
+        self.signature = dict(enumerate(signature))
+
+
+def encoded_launcher(kernel, grid, device_index):
+    """``(launch, encode, metas)`` for a compiled kernel with tensor descriptor parameters: ``launch(*args)`` calls the
+    C entry of a launcher made for the encoded arguments (the same source triton makes for the kernel, so the same
+    cached module); ``encode(descriptor, metas[i])`` gives the i-th descriptor's encoded arguments. None where that
+    cannot be made (another triton, a descriptor not on the copy engine, scratch to allocate): the caller takes the
+    normal path."""
+    try:
+        from triton.backends.nvidia.driver import make_tensordesc_arg
+    except ImportError:
+        return None
+    if hasattr(kernel, "result"):
+        kernel = kernel.result()
+    try:
+        kernel._init_handles()
+        metadata, src, run = kernel.metadata, kernel.src, kernel.run
+        metas = metadata.tensordesc_meta
+        signature = encoded_signature(list(src.signature.values()), metas)
+        if signature is None or run.global_scratch_size != 0 or run.profile_scratch_size != 0:
+            return None
+        # the metadata (a named tuple) less the descriptors' metadata: their arguments come encoded
+        launcher = driver.active.launcher_cls(_EncodedSource(src, signature), metadata._replace(tensordesc_meta=None))
+    except (AttributeError, TypeError, KeyError, ValueError):  # another triton: the normal path
+        return None
+    entry, function, packed = launcher.launch, kernel.function, kernel.packed_metadata
+    cooperative, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
+    current_stream = driver.active.get_current_stream
+    g0, g1, g2 = grid
+
+    def launch(*args):
+        entry(g0, g1, g2, current_stream(device_index), function, cooperative, pdl, None, None, packed, None, None,
+              None, *args)
+    return launch, make_tensordesc_arg, metas
 
 
 class Based:

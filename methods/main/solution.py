@@ -91,14 +91,18 @@ WS_WAVE_FILL = 0.7
 
 # Host margins for the expert-batch widths (N under 4096; reports/examples/h200-host-margin). A call whose GPU time
 # does not clear its host cost lets the host's stalls into the verifier's group times. On the H200 the lean host path
-# (LAUNCH 2) cost 9-18 us a call in the verifier's runs, the WS loop's 17-30 us (its launcher encodes three tensor
-# descriptors on every call: triton 3.6 takes no encoded one). These widths' plans, 16-96 programs, ran 17-20 us a
-# call at the general floor of 16, and three failed the 1.15 gate in verifier runs (1.158, 1.164, 1.550, at 1.0-1.25x
-# their host cost). Their tier (TIERS) asks a floor of 22 (the same cases ran 20.6-28 us) and runs the WS loop only
-# from 45 us predicted: the WS loop takes 0.73-0.89x the model's time, and at 30 us predicted its 22-23 us plans cost
-# 24-30 us of host a call (one group vector spread 1.445). The balanced widths keep 16: their 19 us plans have
-# hundreds of programs, so the next fewer split the model predicts slower is one split (18x8192x8192: 33 us against
-# 19), and their vectors held (one spread 1.159 at 1.6x its host cost).
+# (LAUNCH 2) cost 9-18 us a call in the verifier's runs; the WS loop's cost 15-37 us where its launcher encodes three
+# tensor descriptors on every call (WS_LAUNCH 0) and 14-23 us where it encodes x's alone (1). These widths' plans,
+# 32-96 programs, ran 17-20 us a call at the general floor of 16, and three failed the 1.15 gate in verifier runs
+# (1.158, 1.164, 1.550, at 1.0-1.25x their host cost). Their tier (TIERS) asks a floor of 22 (the same cases ran
+# 23.9-28.1 us) and runs the WS loop only from 45 us predicted: the WS loop takes 0.73-0.89x the model's time, and at
+# 30 us predicted its 22-23 us plans cost 24-30 us of host a call with WS_LAUNCH 0 (one group vector spread 1.445)
+# and 15-21 us with 1 (1.09-1.50x; in that run one of the tier's own plans spread 1.236 at 1.46x). Under the verifier
+# the visible panel's expert-batch cases then ran 25.3-41.1 us (spreads 1.003-1.032) and those of the sealed panel of
+# seed 7717 24.0-29.0 us (1.009-1.033); 18x8192x1024 and 32x8192x2048 take one split on the split-K kernel (32.9 and
+# 41.1 us), where the WS loop ran them in 22-23 us. The balanced widths keep 16: their 19 us plans have hundreds of
+# programs, so the next fewer split the model predicts slower is one split (18x8192x8192: 33 us against 19), and
+# their vectors held (one spread 1.159 at 1.6x its host cost).
 
 
 def get_config():
@@ -128,11 +132,16 @@ def get_config():
     # H200 holds at once with BLOCK_SIZE_N 64 under a cap of 64 (4 programs of 8 warps, the producer's padded to a
     # warpgroup, on each of 132 SMs); 128-column tiles fit 2 (264).
     # WS_WIDE 1 gives WIDE_TILE (128-column tiles) to the shapes whose WS plans it keeps in one wave (plan()); 0 never.
+    # WS_LAUNCH 0 passes the WS loop's three tensor descriptors to triton's launcher, which encodes each on every call;
+    # 1 encodes the words' and the scales' once, at build, and only x's per call (launch.encoded_launcher; the normal
+    # path where triton's launcher cannot be made so). In one qualification on the H200, six large cases' WS plans cost
+    # 13.8-23.4 us of host a call with 1 (median 19.5) and 17.8-36.9 with 0 (median 26.4), at the same GPU time
+    # (reports/examples/h200-host-margin).
     return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 396,
             "DEQUANT": 2, "SCALE_AFTER_DOT": 1, "SCALE_LOAD": 0, "WEIGHT_TMA": 0, "LAUNCH": 2, "GRID": 0,
             "num_warps": 4, "num_stages": 4, "MAXNREG": 0, "DEVICE_BOUND_US": 16, "LEAN_MIN_US": 22,
             "LEAN_DEQUANT": 3, "LEAN_MAXNREG": 96, "WS_MIN_US": 30, "WS_STAGES": 3, "WS_MAXNREG": 64,
-            "WS_MAX_PROGRAMS": 528, "WS_WIDE": 1}
+            "WS_MAX_PROGRAMS": 528, "WS_WIDE": 1, "WS_LAUNCH": 1}
 
 
 # 128-column tiles for the warp-specialized loop (WS_WIDE in get_config): two consumer warpgroups share each x tile,
@@ -243,7 +252,8 @@ SEARCH_SPACE = {
 
 _TIER_RANGE_KEYS = ("N_MIN", "N_MAX", "K_MIN", "K_MAX")
 _ALLOWED = {"DEQUANT": (1, 2, 3), "LEAN_DEQUANT": (1, 2, 3), "SCALE_AFTER_DOT": (0, 1), "SCALE_LOAD": (0, 1, 2),
-            "WEIGHT_TMA": (0, 1), "LAUNCH": (1, 2), "GRID": (0, 1), "WS_WIDE": (0, 1)}
+            "WEIGHT_TMA": (0, 1), "LAUNCH": (1, 2), "GRID": (0, 1), "WS_WIDE": (0, 1),
+            "WS_LAUNCH": (0, 1)}
 
 
 def _next_pow2(value):
