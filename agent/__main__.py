@@ -57,6 +57,20 @@ def at_least_one(text: str) -> int:
     return value
 
 
+def above_zero(unit: str):
+    """An argparse type: a finite number above zero, in ``unit`` (a limit of 0 would stop the run before it starts)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number of {unit} above 0; got {text!r}") from None
+        if not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a number of {unit} above 0 (leave it out for no limit); "
+                                             f"got {text}")
+        return value
+    return parse
+
+
 def has_cuda() -> bool:
     """A GPU the evaluator can use; asked in a subprocess so that the agent never imports torch."""
     if shutil.which("nvidia-smi") is None or subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode:
@@ -350,8 +364,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--from", dest="start_from", default="main", metavar="main|vN",
                      help="where the candidate starts: methods/main or a version")
     run.add_argument("--resume", metavar="RUN_ID", help="continue a stopped or killed run (`status` lists them)")
-    run.add_argument("--time-limit", type=float, metavar="MIN", help="stop starting iterations after MIN minutes")
-    run.add_argument("--cost-limit", type=float, metavar="USD", help="stop when the model cost reaches USD")
+    run.add_argument("--time-limit", type=above_zero("minutes"), metavar="MIN",
+                     help="stop starting iterations after MIN minutes")
+    run.add_argument("--cost-limit", type=above_zero("dollars"), metavar="USD",
+                     help="stop when the model cost reaches USD")
     run.add_argument("--script", metavar="FILE", help="the scripted backend's JSON list of tool calls")
     run.add_argument("--task", metavar="FILE",
                      help="a JSON file of task fields replacing the defaults (evaluator commands, timeout)")

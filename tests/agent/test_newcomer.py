@@ -80,6 +80,15 @@ def test_fewer_than_one_iteration_is_refused(project: Path, panel: Path, iters: 
     assert written(project) == before and not (project / "reports").exists()
 
 
+@pytest.mark.parametrize("limit", [("--time-limit", "0"), ("--time-limit", "-5"), ("--time-limit", "nan"),
+                                   ("--cost-limit", "0"), ("--cost-limit", "inf"), ("--time-limit", "ten")])
+def test_a_limit_that_is_not_above_zero_is_refused(project: Path, panel: Path, limit: tuple[str, str]):
+    before = written(project)
+    done = agent(project, "run", "--iters", "1", "--panel", str(panel), *limit)
+    assert done.returncode == 2 and limit[0] in done.stderr and "above 0" in done.stderr, done.stderr
+    assert written(project) == before and not (project / "reports").exists()
+
+
 def closed_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

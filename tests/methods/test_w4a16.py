@@ -527,7 +527,8 @@ def test_inputs_unchanged():
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("config", [None, {"WS_MIN_US": 1}])  # LAUNCH 2's path, and the WS call's on Hopper
+# LAUNCH 2's path, and on Hopper the WS call's: its encoded launcher (WS_LAUNCH 1, the default) and triton's own (0)
+@pytest.mark.parametrize("config", [None, {"WS_MIN_US": 1}, {"WS_MIN_US": 1, "WS_LAUNCH": 0}])
 def test_non_contiguous_and_misaligned_inputs(config):
     case = kh.Case("layout", 18, 384, 256, "silu", 8)
     t = kh.generate(case, "normal", DEVICE)
