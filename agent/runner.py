@@ -1,6 +1,7 @@
 """Run one command in its own session with a time limit; on expiry kill the whole process group.
 
 Candidate code runs only in such subprocesses, so that a crash, a hang or a kill costs one attempt, never the run.
+The group dies with the agent too (``lifeline.py``): a killed run leaves no evaluator behind.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+LIFELINE = Path(__file__).with_name("lifeline.py")
 OUTPUT_LIMIT = 20_000  # characters of output kept: enough for a traceback, small enough for a prompt
 
 
@@ -29,9 +31,10 @@ def python_env(root: Path, cuda: bool) -> dict[str, str]:
 
 
 def run_command(args: list[str], cwd: Path, timeout_s: float, env: dict[str, str] | None = None) -> dict:
-    """``{"output", "returncode", "timed_out"}``; a timeout is returncode 124 and a signal death -signum."""
-    process = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               errors="replace", start_new_session=True)
+    """``{"output", "returncode", "timed_out"}``; a timeout is returncode 124 and a signal death -signum. The group's
+    leader is ``lifeline.py``, which kills the group if the agent dies first."""
+    process = subprocess.Popen([sys.executable, str(LIFELINE), *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
     try:
         output, _ = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
