@@ -32,9 +32,11 @@ def python_env(root: Path, cuda: bool) -> dict[str, str]:
 
 def run_command(args: list[str], cwd: Path, timeout_s: float, env: dict[str, str] | None = None) -> dict:
     """``{"output", "returncode", "timed_out"}``; a timeout is returncode 124 and a signal death -signum. The group's
-    leader is ``lifeline.py``, which kills the group if the agent dies first."""
-    process = subprocess.Popen([sys.executable, str(LIFELINE), *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+    leader is ``lifeline.py``, which kills the group if the agent dies first (Linux tells it when the thread that
+    started it exits: this call holds the calling thread until the group is gone)."""
+    process = subprocess.Popen([sys.executable, "-I", str(LIFELINE), str(os.getpid()), *args], cwd=cwd, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                               start_new_session=True)
     try:
         output, _ = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -51,7 +53,10 @@ def run_command(args: list[str], cwd: Path, timeout_s: float, env: dict[str, str
         # a finished leader may leave children in its group (compile workers, a stuck grandchild)
         _kill_group(process.pid)
     if process.returncode < 0:
-        name = signal.Signals(-process.returncode).name
+        try:
+            name = signal.Signals(-process.returncode).name
+        except ValueError:  # a real-time signal has no name
+            name = str(-process.returncode)
         output += f"\n[the process died of signal {name}]"
     return {"output": clip(output), "returncode": process.returncode, "timed_out": False}
 
