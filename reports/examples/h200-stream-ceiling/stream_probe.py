@@ -1,7 +1,8 @@
 """What a 117 MB case's call costs against the stream that feeds it, in one process: family variants (a solution
 directory and plan overrides; the ablations of variants/stream-ablations.diff compute a wrong output on purpose, and
 say so), then a torch copy of the case's words and a plain-load read of them (reports/examples/h200-weight-stream's
-read_ceiling.py kernel on two grids). Each is timed as a burst (one group of 256 calls after 2 s idle) and eager
+read_ceiling.py kernel on two grids). Each is timed as a burst (8 warm-up calls, then one group of 256 timed, after
+2 s idle) and eager
 (4,096 untimed calls, then 11 groups of 512: make bench's loop with half its untimed calls), then a second of
 back-to-back calls with the board's power (evals/power.py). Everything takes turns over two rounds; the summary takes
 each time's larger round.
@@ -92,7 +93,7 @@ def main():
                             "power": p})
             print(f"  round {round_} {label}: burst {burst:.2f} us, eager {kh.median(eager):.2f} us "
                   f"(max/min {max(eager) / min(eager):.3f}); {power.describe(p) or power.numbers(p)}", flush=True)
-    print(f"{case.name}: the larger of two rounds; GB/s of the words ({words_bytes / 1e6:.1f} MB) read")
+    print(f"{case.name}: the larger of {ROUNDS} rounds; GB/s of the words ({words_bytes / 1e6:.1f} MB) read")
     for label, fn, ok, results in variants:
         row = {key: max(r[key] for r in results) for key in ("burst_us", "eager_us")}
         measured = [r["power"]["energy_mj"] for r in results if r["power"].get("note") == "measured"]
