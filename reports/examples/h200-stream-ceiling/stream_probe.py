@@ -1,11 +1,10 @@
 """What a 117 MB case's call costs against the stream that feeds it, in one process: family variants (a solution
 directory and plan overrides; the ablations of variants/stream-ablations.diff compute a wrong output on purpose, and
 say so), then a torch copy of the case's words and a plain-load read of them (reports/examples/h200-weight-stream's
-read_ceiling.py kernel on two grids). Each is timed as a burst (8 warm-up calls, then one group of 256 timed, after
-2 s idle) and eager
-(4,096 untimed calls, then 11 groups of 512: make bench's loop with half its untimed calls), then a second of
-back-to-back calls with the board's power (evals/power.py). Everything takes turns over two rounds; the summary takes
-each time's larger round.
+read_ceiling.py kernel on two grids). Each is timed as a burst (after 2 s idle, 8 warm-up calls, then one group of
+256 timed) and eager (4,096 untimed calls, then 11 groups of 512: make bench's loop with half its untimed calls), then
+a second of back-to-back calls with the board's power (evals/power.py). Everything takes turns over two rounds; the
+summary takes each time's larger round.
 
     python reports/examples/h200-stream-ceiling/stream_probe.py CASE_JSON '[[DIR, OVERRIDES], ...]'
 
