@@ -1,286 +1,20 @@
-"""The W4A16 task's public tensor encoding, case generation, fp32-bound oracle check, timing and device choice.
-
-Encoding (SPEC.md): ``qweight`` is int32 ``(K // 8, N)``; word ``qweight[j, n]`` holds the 4-bit codes of rows
-``8j .. 8j + 7`` of column n, row ``8j + i`` in bits ``4i .. 4i + 3``. Codes are unsigned 0..15 and mean
-``code - 8``. ``scales`` is fp16 ``(K // 128, N)`` and ``W[k, n] = (code[k, n] - 8) * scales[k // 128, n]``.
-``out = act(x @ W + bias) + residual`` in fp16.
-
-Everything here is plain torch; solutions never import it (they get tensors, not this module).
+"""What every task's evaluation shares: the device (CUDA, else the Triton interpreter on CPU), timing by groups of
+calls, the copy-bandwidth ceiling and the record of one output check. The task's own parts (cases, inputs, the
+oracle) are its adapter's (evals/task.py).
 """
 from __future__ import annotations
 
 import gc
-import json
-import math
 import os
 import time
 import warnings
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Callable
 
 import torch
 
-GROUP_SIZE = 128
-EPILOGUES = ("silu", "gelu_tanh")
-MODES = ("normal", "adversarial")
-PROBLEMS_DIR = Path(__file__).resolve().parent / "problems"
-PANEL_NAMES = {"visible": PROBLEMS_DIR / "visible_cases.json", "smoke": PROBLEMS_DIR / "smoke_cases.json"}
-
-U16 = 2.0**-11  # unit roundoff of fp16
-U32 = 2.0**-24  # unit roundoff of fp32
-# max |d act / dz| over the reals: silu peaks at 1.0998, gelu_tanh at 1.1289.
-ACT_LIPSCHITZ = 1.13
-FP16_MAX = 65504.0
 # the evaluator's clocks, taken before any solution is imported, so that a patched timer cannot reach them
 _perf_counter, _Event = time.perf_counter, torch.cuda.Event
-
-
-# ----------------------------------------------------------------------------------------------------- encoding
-def pack_int4(codes: torch.Tensor) -> torch.Tensor:
-    """Pack unsigned 4-bit codes ``(K, N)`` (any integer dtype, values 0..15) into int32 ``(K // 8, N)``."""
-    if codes.dim() != 2 or codes.shape[0] % 8:
-        raise ValueError(f"codes must be 2-D with K divisible by 8; got shape {tuple(codes.shape)}")
-    if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) > 15):
-        raise ValueError("codes must lie in 0..15")
-    k, n = codes.shape
-    nibbles = codes.to(torch.int64).reshape(k // 8, 8, n)
-    shifts = (torch.arange(8, device=codes.device, dtype=torch.int64) * 4).view(1, 8, 1)
-    words = (nibbles << shifts).sum(dim=1)  # < 2**32, fits int64
-    words = torch.where(words >= 2**31, words - 2**32, words)  # reinterpret as signed int32
-    return words.to(torch.int32).contiguous()
-
-
-def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:
-    """Unpack int32 ``(K // 8, N)`` into uint8 codes ``(K, N)``."""
-    if qweight.dtype != torch.int32 or qweight.dim() != 2:
-        raise ValueError(f"qweight must be a 2-D int32 tensor; got {qweight.dtype} {tuple(qweight.shape)}")
-    kw, n = qweight.shape
-    shifts = (torch.arange(8, device=qweight.device, dtype=torch.int32) * 4).view(1, 8, 1)
-    codes = (qweight.unsqueeze(1) >> shifts) & 0xF  # arithmetic shift is harmless once masked
-    return codes.reshape(kw * 8, n).to(torch.uint8)
-
-
-def dequantize(qweight: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The logical weight ``W (K, N)`` in ``dtype`` (exact in fp32 and fp64)."""
-    codes = unpack_int4(qweight).to(dtype) - 8
-    return codes * scales.to(dtype).repeat_interleave(GROUP_SIZE, dim=0)
-
-
-# ----------------------------------------------------------------------------------------------------- cases
-@dataclass(frozen=True)
-class Case:
-    stratum: str
-    m: int
-    k: int
-    n: int
-    epilogue: str
-    seed: int
-
-    def __post_init__(self) -> None:
-        if self.epilogue not in EPILOGUES:
-            raise ValueError(f"epilogue must be one of {EPILOGUES}; got {self.epilogue!r}")
-        if self.m < 1 or self.k % GROUP_SIZE or self.n % 256 or self.k <= 0 or self.n <= 0:
-            raise ValueError(f"case needs M >= 1, K % 128 == 0, N % 256 == 0; got M={self.m} K={self.k} N={self.n}")
-
-    @property
-    def name(self) -> str:
-        return f"{self.m}x{self.k}x{self.n}-{self.epilogue}"
-
-    def bytes_moved(self) -> int:
-        """The fewest bytes one call must move: int4 weight, scales, bias, x, residual and out."""
-        return (self.k * self.n // 2 + (self.k // GROUP_SIZE) * self.n * 2 + self.n * 2
-                + 2 * self.m * self.k + 4 * self.m * self.n)
-
-
-def load_panel(panel: str | os.PathLike) -> list[Case]:
-    """Cases of a panel given by name (``visible``, ``smoke``) or by a JSON file path."""
-    path = PANEL_NAMES.get(str(panel), Path(panel))
-    if not path.is_file():
-        raise FileNotFoundError(f"no panel file at {path}; give 'visible', 'smoke' or the path of a panel JSON")
-    try:
-        data = json.loads(path.read_text())
-        rows = data["cases"] if isinstance(data, dict) else data
-        cases = [Case(**row) for row in rows]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: a panel is JSON {{\"cases\": [{{stratum, m, k, n, epilogue, seed}}, ...]}} "
-                         f"({type(exc).__name__}: {exc})") from None
-    if not cases:
-        raise ValueError(f"{path}: the panel has no cases; give at least one {{stratum, m, k, n, epilogue, seed}}")
-    return cases
-
-
-def default_panel() -> str:
-    """The panel a module runs without --panel, as make chooses: visible on CUDA, else smoke (the visible shapes take
-    hours under the Triton interpreter)."""
-    return "visible" if torch.cuda.is_available() else "smoke"
-
-
-def case_dict(case: Case) -> dict:
-    return asdict(case) | {"name": case.name}
-
-
-@dataclass
-class CaseTensors:
-    qweight: torch.Tensor
-    scales: torch.Tensor
-    bias: torch.Tensor
-    x: torch.Tensor
-    residual: torch.Tensor
-
-
-def _generator(device: torch.device, *parts: int) -> torch.Generator:
-    seed = 0
-    for part in parts:
-        seed = (seed * 1_000_003 + part) % (2**63 - 1)
-    return torch.Generator(device=device).manual_seed(seed)
-
-
-def _coarse_fp16(values: torch.Tensor) -> torch.Tensor:
-    """fp16 with the low four mantissa bits cleared (7 significant bits).
-
-    Then ``(code - 8) * s`` and ``code * s`` are exact in fp16 for every code, so a kernel that dequantizes to fp16
-    (as Marlin and v0 do) holds the logical weight exactly and the check below measures accumulation alone.
-    """
-    bits = values.to(torch.float16).view(torch.int16)
-    return (bits & ~0xF).view(torch.float16)
-
-
-def generate(case: Case, mode: str = "normal", device: torch.device | str = "cpu") -> CaseTensors:
-    """Weights and one input pair for a case, deterministic in (case, mode, device)."""
-    device = torch.device(device)
-    if mode == "normal":
-        return _generate_normal(case, device)
-    if mode == "adversarial":
-        return _generate_adversarial(case, device)
-    raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
-
-
-def _generate_normal(case: Case, device: torch.device) -> CaseTensors:
-    k, n = case.k, case.n
-    gen = _generator(device, case.seed, 1)
-    codes = torch.randint(0, 16, (k, n), generator=gen, device=device, dtype=torch.int32)
-    # |z| ~ 1.5: scale 0.33 / sqrt(K) against codes of std 4.6 and unit x
-    spread = torch.rand((k // GROUP_SIZE, n), generator=gen, device=device) + 0.5
-    scales = _coarse_fp16(spread * (0.33 / math.sqrt(k)))
-    bias = (torch.randn(n, generator=gen, device=device) * 0.5).half()
-    x, residual = make_inputs(case, 1, seed=case.seed, device=device)[0]
-    return CaseTensors(pack_int4(codes), scales, bias, x, residual)
-
-
-def _generate_adversarial(case: Case, device: torch.device) -> CaseTensors:
-    """Signed high-magnitude x, codes piled at 0 and 15, large scales; partial sums far past the fp16 range that cancel.
-
-    The second half of the K groups mirrors the first (same codes and scales) while its x is the negated first half
-    plus a sparse +-1: every product of the first half is cancelled exactly, and z is the small remainder. The
-    residual then lifts a quarter of the outputs to 20,000-48,000, near the top of fp16, with the exact result finite.
-    An odd group left over (K / 128 odd) gets small x in -2..2, so z stays in range for any K.
-    """
-    m, k, n = case.m, case.k, case.n
-    gen = _generator(device, case.seed, 2)
-    groups = k // GROUP_SIZE
-    half = groups // 2
-    pick = torch.rand((k, n), generator=gen, device=device)
-    codes = torch.randint(0, 16, (k, n), generator=gen, device=device, dtype=torch.int32)
-    codes = torch.where(pick < 0.4, 0, torch.where(pick < 0.8, 15, codes))
-    exponent = torch.randint(1, 5, (groups, n), generator=gen, device=device).float()
-    scales = (2.0**exponent * (1 + torch.rand((groups, n), generator=gen, device=device))).half()
-    sign = torch.where(torch.rand((m, k), generator=gen, device=device) < 0.5, -1.0, 1.0)
-    x = sign * torch.randint(256, 1024, (m, k), generator=gen, device=device).float()
-    if half:
-        rows = half * GROUP_SIZE
-        codes[rows : 2 * rows] = codes[:rows]
-        scales[half : 2 * half] = scales[:half]
-        nudge = torch.randint(-1, 2, (m, rows), generator=gen, device=device).float()
-        nudge = nudge * (torch.rand((m, rows), generator=gen, device=device) < 0.2)
-        x[:, rows : 2 * rows] = -x[:, :rows] + nudge
-    x[:, 2 * half * GROUP_SIZE :] = torch.randint(-2, 3, (m, k - 2 * half * GROUP_SIZE), generator=gen,
-                                                  device=device).float()
-    scales = _coarse_fp16(scales)
-    x = x.half()
-    qweight = pack_int4(codes)
-    bias = (torch.randn(n, generator=gen, device=device) * 100).half()
-    z = _matmul_f64(x, qweight, scales) + bias.double()
-    act_z = _act(z, case.epilogue)
-    lifted = torch.rand((m, n), generator=gen, device=device) < 0.25
-    target = torch.sign(act_z) * (20000 + 28000 * torch.rand((m, n), generator=gen, device=device, dtype=torch.float64))
-    residual = torch.where(lifted, target - act_z,
-                           torch.randn((m, n), generator=gen, device=device, dtype=torch.float64))
-    residual = residual.clamp(-60000, 60000).half()
-    exact = act_z + residual.double()
-    if not torch.isfinite(exact).all() or exact.abs().max() > 0.95 * FP16_MAX:
-        raise RuntimeError(f"adversarial construction for {case.name} left fp16 range; pick another seed")
-    return CaseTensors(qweight, scales, bias, x, residual)
-
-
-def make_inputs(case: Case, count: int, seed: int,
-                device: torch.device | str = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``count`` distinct fresh (x, residual) pairs of the normal regime."""
-    device = torch.device(device)
-    gen = _generator(device, case.seed, 3, seed)
-    pairs = []
-    for _ in range(count):
-        x = torch.randn((case.m, case.k), generator=gen, device=device).half()
-        residual = torch.randn((case.m, case.n), generator=gen, device=device).half()
-        pairs.append((x, residual))
-    return pairs
-
-
-# ----------------------------------------------------------------------------------------------------- oracle
-def _act(z: torch.Tensor, epilogue: str) -> torch.Tensor:
-    if epilogue == "silu":
-        return z * torch.sigmoid(z)
-    if epilogue == "gelu_tanh":
-        return 0.5 * z * (1 + torch.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))
-    raise ValueError(f"epilogue must be one of {EPILOGUES}; got {epilogue!r}")
-
-
-def _matmul_f64(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, absolute: bool = False) -> torch.Tensor:
-    """x @ W (or |x| @ |W|) in fp64, K in chunks so that no dense weight of the whole case is ever held."""
-    k = qweight.shape[0] * 8
-    step = GROUP_SIZE * 16
-    acc = torch.zeros((x.shape[0], qweight.shape[1]), dtype=torch.float64, device=x.device)
-    for k0 in range(0, k, step):
-        w = dequantize(qweight[k0 // 8 : (k0 + step) // 8], scales[k0 // GROUP_SIZE : (k0 + step) // GROUP_SIZE],
-                       torch.float64)
-        xs = x[:, k0 : k0 + step].double()
-        acc += xs.abs() @ w.abs() if absolute else xs @ w
-    return acc
-
-
-@dataclass
-class Reference:
-    out: torch.Tensor  # fp64 act(x @ W + bias) + residual
-    tolerance: torch.Tensor  # fp64, elementwise
-
-
-def reference(x, qweight, scales, bias, residual, epilogue: str) -> Reference:
-    """The oracle and the elementwise tolerance any fp32-accumulating kernel meets.
-
-    The oracle runs in fp64, so its own error is negligible next to the bound. A kernel reads the fp16 inputs
-    exactly, forms exact products (fp16 x fp16 fits fp32; the generated scales make fp16 dequantization exact) and
-    sums K of them in fp32 in some order. Each addition errs by at most u32 |partial sum| (2 u32 for tensor-core
-    accumulators that truncate), so the error is at most u32 * sum|partial sums| <= K u32 A, A = |x| @ |W| + |bias|.
-    That worst case needs partial sums that keep one sign; every generated case draws the signs of x and of
-    code - 8 at random, so partial sums walk like sqrt(k) and the sum of their sizes stays below ~1.9 sqrt(K) A even
-    when every addition truncates (tests/evals: a sequential, truncating fp32 sum). We take four times that, plus
-    sixteen roundings for per-group scale multiplies and split-K partials:
-        gamma = (8 sqrt(K) + 16) u32
-    The bound follows A, not |z|, so ill-conditioned adversarial cases (A far above |z|) stay fair to any fp32
-    kernel, while an fp16 accumulator overflows there. The epilogue may round z and act(z) to fp16 once each and
-    the output once more:
-        tol = 1.13 (gamma A + 2 u16 |z|) + 2 u16 |act(z)| + 2 u16 |out| + 2**-24
-    (1.13 bounds the slope of both activations; 2**-24 is the fp16 subnormal spacing). At K = 28672 in the normal
-    regime this is about 0.02, well under a missing bias or a wrong activation.
-    """
-    k = qweight.shape[0] * 8
-    z = _matmul_f64(x, qweight, scales) + bias.double()
-    a = _matmul_f64(x, qweight, scales, absolute=True) + bias.double().abs()
-    act_z = _act(z, epilogue)
-    out = act_z + residual.double()
-    gamma = (8 * math.sqrt(k) + 16) * U32
-    tol = ACT_LIPSCHITZ * (gamma * a + 2 * U16 * z.abs()) + 2 * U16 * act_z.abs() + 2 * U16 * out.abs() + 2.0**-24
-    return Reference(out, tol)
 
 
 @dataclass
@@ -294,36 +28,15 @@ class CheckResult:
         return asdict(self)
 
 
-def check_output(out, ref: Reference, shape: tuple[int, int]) -> CheckResult:
-    """Shape, dtype, contiguity, finiteness and agreement of ``out`` with the oracle."""
-    if type(out) is not torch.Tensor:  # a subclass could override the very operations this check uses
-        return CheckResult(False, "output must be a plain torch.Tensor; "
-                                  f"got {type(out).__module__}.{type(out).__qualname__}")
-    if tuple(out.shape) != tuple(shape):
-        return CheckResult(False, f"output shape must be {tuple(shape)}; got {tuple(out.shape)}")
-    if out.dtype != torch.float16:
-        return CheckResult(False, f"output dtype must be torch.float16; got {out.dtype}")
-    if out.device != ref.out.device:
-        return CheckResult(False, f"output must be on {ref.out.device}; got {out.device}")
-    if not out.is_contiguous():
-        return CheckResult(False, "output must be contiguous")
-    finite = torch.isfinite(out)
-    if not finite.all():
-        count = int((~finite).sum())
-        return CheckResult(False, f"{count} output elements are not finite", bad_elements=count, worst_excess=math.inf)
-    excess = (out.double() - ref.out).abs() / ref.tolerance
-    bad = int((excess > 1).sum())
-    worst = float(excess.max()) if excess.numel() else 0.0
-    if bad:
-        flat = int(excess.argmax())
-        row, col = divmod(flat, shape[1])
-        return CheckResult(
-            False,
-            f"{bad} elements outside the fp32 bound; worst at [{row}, {col}]: got {float(out[row, col]):.6g}, "
-            f"want {float(ref.out[row, col]):.6g} +- {float(ref.tolerance[row, col]):.3g}",
-            bad, worst,
-        )
-    return CheckResult(True, "ok", 0, worst)
+def case_dict(case) -> dict:
+    """A case as a report records it: its fields and its name."""
+    return asdict(case) | {"name": case.name}
+
+
+def default_panel() -> str:
+    """The panel a module runs without --panel, as make chooses: visible on CUDA, else smoke (the visible shapes take
+    hours under the Triton interpreter)."""
+    return "visible" if torch.cuda.is_available() else "smoke"
 
 
 # ---------------------------------------------------------------------------------------------------- device and timing

@@ -1,0 +1,219 @@
+"""A task as the evaluator sees it: the manifest (``tasks/<name>/task.json``) and its adapter module.
+
+The manifest is plain data that the loop (agent/) reads too; the adapter is the task's code, imported here only:
+case generation, the reference and its bound, bytes moved, the sealed-panel generator and, where the task declares
+them, a residency allowance, an external baseline and the bench's peers. Every evaluator module takes a task (``--task
+NAME|DIR``, default ``w4a16``) and asks it for everything that is the task's; they know no task's terms.
+
+The adapter's interface (``tasks/w4a16/adapter.py`` is the full example, ``tests/toy_task/adapter.py`` the smallest):
+
+    Case                          a frozen dataclass: ``stratum``, ``seed``, the case's dimensions; ``.name`` and
+                                  ``.dims`` (a dict of the dimensions the manifest's ``case_dims`` names)
+    MODES                         the input regimes the correctness gates check, "normal" first
+    generate(case, mode, device)  -> Problem: the build arguments (by name, in the contract's order) and one call's
+                                  inputs (a tuple, in the contract's order), deterministic in (case, mode, device)
+    make_inputs(case, count, seed, device) -> list of fresh call-input tuples of the normal regime
+    reference(weights, inputs, case) -> an object the adapter's check_output takes (the oracle and its bound)
+    check_output(out, ref, case)  -> CheckResult: structure and agreement of one output
+    output_shape(case), OUTPUT_DTYPE   what every output must be (shape, dtype)
+    bytes_moved(case)             the fewest bytes one call moves (GB/s and fractions of copy bandwidth)
+    make_panel(seed, per_stratum) -> {"note", "cases": [rows]}: a sealed panel, disjoint from the visible one
+    residency(case)               (only where the manifest declares the residency stage) the allowance: an object
+                                  whose ``audit(point, new)`` returns the violations of a checkpoint
+    baseline(weights, case)       (only for a callable baseline) the yardstick's callable for those weights
+    peers                         (optional) {name: builder(weights, case) -> callable}: what make bench sets beside
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+TASKS_DIR = ROOT / "tasks"
+DEFAULT_TASK = "w4a16"
+TIMING_PROTOCOLS = ("eager-groups",)  # the verifier's protocol (SPEC.md); another needs its timer here first
+KNOWN_STAGES = ("policy", "selfcheck", "qualify", "residency", "gates")
+
+
+class TaskError(ValueError):
+    """A task that cannot be used: a missing folder or file, a malformed manifest. The message says what to fix."""
+
+
+@dataclass
+class Problem:
+    """One case's build arguments (by name, in the contract's order) and one call's inputs (in the contract's order)."""
+
+    weights: dict[str, Any]
+    inputs: tuple
+
+
+@dataclass
+class Task:
+    name: str
+    folder: Path
+    manifest: dict
+    adapter: ModuleType
+    panels: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def build_args(self) -> list[str]:
+        return list(self.manifest["contract"]["build_args"])
+
+    @property
+    def call_args(self) -> list[str]:
+        return list(self.manifest["contract"]["call_args"])
+
+    @property
+    def entry(self) -> str:
+        return self.manifest["contract"].get("entry", "build")
+
+    @property
+    def strata(self) -> dict[str, dict]:
+        return self.manifest["strata"]
+
+    @property
+    def stages(self) -> list[str]:
+        return list(self.manifest["stages"])
+
+    def declares(self, stage: str) -> bool:
+        return stage in self.manifest["stages"]
+
+    @property
+    def baseline_version(self) -> str | None:
+        return self.manifest["baseline"].get("version")
+
+    @property
+    def baseline_dir(self) -> Path | None:
+        """The baseline version's snapshot, or None for a callable baseline."""
+        version = self.baseline_version
+        return ROOT / self.manifest["versions"] / version if version else None
+
+    @property
+    def main_dir(self) -> Path:
+        return ROOT / self.manifest["main"]
+
+    def build(self, module: ModuleType, weights: dict, **extra):
+        """The solution's callable: its entry point called with the build arguments in the contract's order."""
+        entry = getattr(module, self.entry, None)
+        if not callable(entry):
+            raise AttributeError(f"the solution defines no callable {self.entry}({', '.join(self.build_args)})")
+        return entry(*(weights[name] for name in self.build_args), **extra)
+
+    def build_baseline(self, weights: dict, case):
+        """The callable baseline's function for these weights (a task whose baseline is a version loads it instead)."""
+        return self.adapter.baseline(weights, case)
+
+    def cases(self, panel: str | os.PathLike) -> list:
+        """A panel's cases, by name (visible, smoke) or a JSON file path; a malformed panel raises ValueError."""
+        path = self.panels.get(str(panel), Path(panel))
+        if not path.is_file():
+            raise FileNotFoundError(f"no panel file at {path}; give {' or '.join(map(repr, self.panels))} or the path "
+                                    f"of a panel JSON of task {self.name}")
+        try:
+            data = json.loads(path.read_text())
+            rows = data["cases"] if isinstance(data, dict) else data
+            cases = [self.adapter.Case(**row) for row in rows]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: a panel of task {self.name} is JSON {{\"cases\": [{{{', '.join(self.case_keys)}"
+                             f"}}, ...]}} ({type(exc).__name__}: {exc})") from None
+        if not cases:
+            raise ValueError(f"{path}: the panel has no cases; give at least one {{{', '.join(self.case_keys)}}}")
+        return cases
+
+    @property
+    def case_keys(self) -> list[str]:
+        return [f.name for f in self.adapter.Case.__dataclass_fields__.values()]
+
+    def stratum_of(self, dims: dict[str, int]) -> str | None:
+        """The first stratum whose ranges hold the case's dimensions (the manifest's ``strata``), else None."""
+        for name, ranges in self.strata.items():
+            if all(low <= dims[dim] and (high is None or dims[dim] <= high) for dim, (low, high) in ranges.items()):
+                return name
+        return None
+
+
+def resolve(name_or_path: str | os.PathLike | None) -> Path:
+    """The task folder: a name under tasks/, or a path to a folder holding task.json (or to task.json itself)."""
+    given = str(name_or_path or DEFAULT_TASK)
+    path = Path(given)
+    if path.name == "task.json" and path.is_file():
+        return path.parent.resolve()
+    if (path / "task.json").is_file() and (os.sep in given or not (TASKS_DIR / given).is_dir()):
+        return path.resolve()
+    if (TASKS_DIR / given / "task.json").is_file():
+        return (TASKS_DIR / given).resolve()
+    known = sorted(p.name for p in TASKS_DIR.iterdir() if (p / "task.json").is_file()) if TASKS_DIR.is_dir() else []
+    raise TaskError(f"no task {given!r}: give a task name ({', '.join(known) or 'none under tasks/'}) or a folder "
+                    "holding task.json")
+
+
+def read_manifest(folder: Path) -> dict:
+    try:
+        manifest = json.loads((folder / "task.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise TaskError(f"{folder / 'task.json'}: {exc}") from None
+    missing = [k for k in ("name", "spec", "adapter", "contract", "main", "versions", "ledger", "panels", "strata",
+                           "baseline", "stages", "timing") if k not in manifest]
+    if missing:
+        raise TaskError(f"{folder / 'task.json'} lacks {missing} (README.md, 'Add your own task', lists the fields)")
+    if manifest["timing"] not in TIMING_PROTOCOLS:
+        raise TaskError(f"{folder / 'task.json'}: timing {manifest['timing']!r} is not a protocol this evaluator "
+                        f"implements ({', '.join(TIMING_PROTOCOLS)})")
+    unknown = [s for s in manifest["stages"] if s not in KNOWN_STAGES]
+    if unknown or manifest["stages"][:2] != ["policy", "selfcheck"]:
+        raise TaskError(f"{folder / 'task.json'}: stages must start with policy, selfcheck and hold only "
+                        f"{', '.join(KNOWN_STAGES)}; got {manifest['stages']}")
+    if set(manifest["baseline"]) not in ({"version"}, {"callable"}):
+        raise TaskError(f"{folder / 'task.json'}: baseline is {{\"version\": \"v0\"}} or {{\"callable\": "
+                        f"\"adapter.baseline\"}}; got {manifest['baseline']}")
+    return manifest
+
+
+_loaded: dict[Path, Task] = {}
+
+
+def load(name_or_path: str | os.PathLike | None = None) -> Task:
+    """The task (manifest and adapter), loaded once per process."""
+    folder = resolve(name_or_path)
+    if folder in _loaded:
+        return _loaded[folder]
+    manifest = read_manifest(folder)
+    adapter_path = ROOT / manifest["adapter"]
+    if not adapter_path.is_file():
+        raise TaskError(f"task {manifest['name']}: no adapter at {adapter_path} (the manifest's adapter, relative to "
+                        "the repository root)")
+    module_name = f"kloop_task_{manifest['name'].replace('-', '_')}"
+    spec = importlib.util.spec_from_file_location(module_name, adapter_path)
+    adapter = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = adapter  # dataclasses resolve their module by name
+    spec.loader.exec_module(adapter)
+    panels = {name: ROOT / path for name, path in manifest["panels"].items()}
+    task = Task(manifest["name"], folder, manifest, adapter, panels)
+    _loaded[folder] = task
+    return task
+
+
+def add_argument(parser) -> None:
+    """The ``--task`` option every evaluator command takes."""
+    parser.add_argument("--task", default=DEFAULT_TASK,
+                        help=f"the task: a name under tasks/ or a folder holding task.json (default {DEFAULT_TASK})")
+
+
+def baseline_builder(task: Task, baseline_dir: Path | None):
+    """``(weights, case) -> callable`` for the yardstick: the solution at ``baseline_dir`` (a version such as v0, or the
+    best of a run), loaded once, or, where ``baseline_dir`` is None and the task's baseline is a callable, the
+    adapter's ``baseline``. Returns ``(builder, label)``; a version's load errors propagate (it is the evaluator's
+    input, not the candidate)."""
+    from evals.loader import load_solution
+
+    if baseline_dir is None and task.baseline_dir is None:
+        return task.build_baseline, task.manifest["baseline"]["callable"]
+    directory = baseline_dir or task.baseline_dir
+    module = load_solution(directory)
+    return (lambda weights, case: task.build(module, weights)), str(directory)
