@@ -20,7 +20,7 @@ def resolve_solution_dir(path: str | Path) -> Path:
         path = path.parent
     if not (path / "solution.py").is_file():
         raise FileNotFoundError(f"no solution.py in {path}; "
-                                "pass a directory such as methods/main or methods/versions/v0")
+                                "pass a solution directory such as methods/main")
     return path.resolve()
 
 
@@ -40,13 +40,14 @@ def policy_violations(directory: Path) -> list[str]:
             for file, found in check_files([directory]).items() for v in found]
 
 
-def load_solution(path: str | Path, enforce_policy: bool = True) -> ModuleType:
+def load_solution(path: str | Path, enforce_policy: bool = True, entry: str = "build") -> ModuleType:
     """Import ``solution.py`` of ``path`` under a unique package name, so helpers load with ``from . import x``
     or ``import x`` and two solutions (candidate and baseline) never share module state.
 
     With ``enforce_policy`` (the default) the source policy runs first and a violation raises PolicyViolation before
     any candidate code runs. Only the verifier's role process passes False: its parent has run the policy already,
-    and the isolated role collects dynamic evidence against code that the policy rejected."""
+    and the isolated role collects dynamic evidence against code that the policy rejected. ``entry`` is the task's
+    entry point, which the module must define."""
     directory = resolve_solution_dir(path)
     if enforce_policy:
         found = policy_violations(directory)
@@ -75,9 +76,9 @@ def load_solution(path: str | Path, enforce_policy: bool = True) -> ModuleType:
         raise
     finally:
         sys.path.remove(str(directory))
-    if not callable(getattr(module, "build", None)):
+    if not callable(getattr(module, entry, None)):
         unload_solution(module)
-        raise AttributeError(f"{directory / 'solution.py'} defines no callable build(qweight, scales, bias, epilogue)")
+        raise AttributeError(f"{directory / 'solution.py'} defines no callable {entry}() (the task's entry point)")
     return module
 
 

@@ -1,7 +1,9 @@
-"""The visible evaluator: correctness (normal and adversarial), median latency, GB/s and speedup over v0.
+"""The visible evaluator: correctness (every input regime of the task), median latency, GB/s and speedup over the
+task's baseline.
 
-    .venv/bin/python -m evals.selfcheck [--solution DIR] [--panel visible|smoke|FILE] [--baseline DIR] [--json OUT]
-    .venv/bin/python -m evals.selfcheck --list-cases [--panel visible|smoke|FILE]
+    .venv/bin/python -m evals.selfcheck [--task NAME|DIR] [--solution DIR] [--panel visible|smoke|FILE] [--baseline DIR]
+                                        [--json OUT]
+    .venv/bin/python -m evals.selfcheck [--task NAME|DIR] --list-cases [--panel visible|smoke|FILE]
 
 Never raises for a bad candidate: a failure at any stage becomes the case's ``error`` field (stage, name, message).
 On CUDA each case also records its host cost and GPU time per call and whether the GPU time clears the host cost
@@ -23,10 +25,8 @@ from pathlib import Path
 
 from evals import kernel_harness as kh
 from evals import stability
+from evals import task as tasks
 from evals.loader import load_solution, resolve_solution_dir
-
-ROOT = Path(__file__).resolve().parent.parent
-V0_DIR = ROOT / "methods" / "versions" / "v0"
 # what candidate code may raise that must become a record: SystemExit too (exit(0) must not end the evaluator
 # with status 0); KeyboardInterrupt stays a person's Ctrl-C
 CANDIDATE_ERRORS = (Exception, SystemExit, GeneratorExit)
@@ -115,46 +115,50 @@ def stability_summary(results: list[CaseResult]) -> dict:
             "unstable_cases": [r.case["name"] for r in unstable], "note": note}
 
 
-def check_mode(module, case, mode: str, device, config: dict | None = None) -> tuple[dict, object]:
+def check_mode(task: tasks.Task, module, case, mode: str, device, config: dict | None = None) -> tuple[dict, object]:
     """Build on ``mode`` inputs (with ``config`` overrides, for solutions that take them), one call, the oracle's
     verdict; the callable comes back for normal inputs."""
-    tensors = kh.generate(case, mode, device)
+    problem = task.adapter.generate(case, mode, device)
     extra = {"config": config} if config is not None else {}
-    fn = module.build(tensors.qweight, tensors.scales, tensors.bias, case.epilogue, **extra)
-    out = fn(tensors.x, tensors.residual)
+    fn = task.build(module, problem.weights, **extra)
+    out = fn(*problem.inputs)
     kh.synchronize(device)
-    ref = kh.reference(tensors.x, tensors.qweight, tensors.scales, tensors.bias, tensors.residual, case.epilogue)
-    return kh.check_output(out, ref, (case.m, case.n)).to_dict(), (fn if mode == "normal" else None)
+    ref = task.adapter.reference(problem.weights, problem.inputs, case)
+    return task.adapter.check_output(out, ref, case).to_dict(), (fn if mode == "normal" else None)
 
 
-def evaluate_case(module, baseline, case, device, plan: TimingPlan, copy_gbps: float | None) -> CaseResult:
-    result = CaseResult(case=kh.case_dict(case), bytes=case.bytes_moved())
+def evaluate_case(task: tasks.Task, module, baseline, case, device, plan: TimingPlan,
+                  copy_gbps: float | None) -> CaseResult:
+    """One case: correctness in every regime, then the candidate and ``baseline`` (``(weights, case) -> callable``)
+    timed in alternating groups, the check after timing and, on CUDA, the host-bound probe."""
+    adapter = task.adapter
+    result = CaseResult(case=kh.case_dict(case), bytes=adapter.bytes_moved(case))
     stage = "correctness"
     try:
         fn = None
-        for mode in kh.MODES:
+        for mode in adapter.MODES:
             stage = f"correctness ({mode})"
-            result.checks[mode], built = check_mode(module, case, mode, device)
+            result.checks[mode], built = check_mode(task, module, case, mode, device)
             fn = built or fn
         result.correct = all(check["ok"] for check in result.checks.values())
         if not result.correct:
             return result
         stage = "timing"
-        weights = kh.generate(case, "normal", device)
-        base_fn = baseline.build(weights.qweight, weights.scales, weights.bias, case.epilogue)
-        inputs = kh.make_inputs(case, plan.distinct_inputs, seed=1, device=device)
+        weights = adapter.generate(case, "normal", device).weights
+        base_fn = baseline(weights, case)
+        inputs = adapter.make_inputs(case, plan.distinct_inputs, seed=1, device=device)
         cand_times, base_times = [], []
         for _ in range(plan.groups):  # alternate groups so that drift hits both alike
             cand_times += kh.time_groups(fn, inputs, 1, plan.calls_per_group, plan.warmup if not cand_times else 0)
             base_times += kh.time_groups(base_fn, inputs, 1, plan.calls_per_group, plan.warmup if not base_times else 0)
         stage = "correctness (after timing)"  # a solution honest only for its first calls fails here
-        x, residual = kh.make_inputs(case, 1, seed=9, device=device)[0]
-        ref = kh.reference(x, weights.qweight, weights.scales, weights.bias, residual, case.epilogue)
-        result.checks["after_timing"] = kh.check_output(fn(x, residual), ref, (case.m, case.n)).to_dict()
+        after = adapter.make_inputs(case, 1, seed=9, device=device)[0]
+        ref = adapter.reference(weights, after, case)
+        result.checks["after_timing"] = adapter.check_output(fn(*after), ref, case).to_dict()
         result.correct = result.checks["after_timing"]["ok"]
         stage = "host cost and GPU time"
         if device.type == "cuda":  # as many distinct inputs as the verifier's pool (off CUDA nothing is probed)
-            inputs = kh.make_inputs(case, stability.PROBE_POOL, seed=2, device=device)
+            inputs = adapter.make_inputs(case, stability.PROBE_POOL, seed=2, device=device)
         found = stability.probe(fn, inputs, device)
         del inputs
         result.host_us, result.gpu_us, result.device_ratio = found["host_us"], found["gpu_us"], found["ratio"]
@@ -173,32 +177,36 @@ def evaluate_case(module, baseline, case, device, plan: TimingPlan, copy_gbps: f
     return result
 
 
-def run(solution: Path, panel: str, baseline_dir: Path = V0_DIR, log=print,
-        enforce_policy: bool = True) -> dict:
-    """The selfcheck report of ``solution``. ``enforce_policy`` False (never from the command line) lets a test drive
-    a candidate that the source policy would stop into the timed path, to see how the evaluator survives it."""
+def run(solution: Path, panel: str, baseline_dir: Path | None = None, log=print, enforce_policy: bool = True,
+        task: tasks.Task | None = None) -> dict:
+    """The selfcheck report of ``solution`` on the task's panel, against ``baseline_dir`` (default: the task's
+    baseline, a version or a callable). ``enforce_policy`` False (never from the command line) lets a test drive a
+    candidate that the source policy would stop into the timed path, to see how the evaluator survives it."""
+    task = task or tasks.load()
     info = kh.select_device()  # before any solution imports triton
     log(info.message)
 
-    cases = kh.load_panel(panel)
+    cases = task.cases(panel)
     plan = TimingPlan.for_device(info.interpreted)
-    report = {"solution": str(solution), "baseline": str(baseline_dir), "panel": str(panel), "device": info.name,
+    baseline, label = tasks.baseline_builder(task, baseline_dir)
+    report = {"task": task.name, "solution": str(solution), "baseline": label, "panel": str(panel),
+              "device": info.name,
               "interpreted": info.interpreted, "timing": asdict(plan),
               "timing_note": ("interpreter wall time, not GPU timing" if info.interpreted
                               else "CUDA events, median of groups"),
               "copy_gbps": kh.copy_bandwidth_gbps(info.device), "cases": []}
-    baseline = load_solution(baseline_dir)
     try:
-        module = load_solution(solution, enforce_policy=enforce_policy)
+        module = load_solution(solution, enforce_policy=enforce_policy, entry=task.entry)
     except CANDIDATE_ERRORS as exc:
         failure = error_record("load", exc)
         log(f"{solution} did not load, so no case ran: {failure['name']}: {failure['message']}")
-        results = [CaseResult(case=kh.case_dict(case), bytes=case.bytes_moved(), error=failure) for case in cases]
+        results = [CaseResult(case=kh.case_dict(case), bytes=task.adapter.bytes_moved(case), error=failure)
+                   for case in cases]
     else:
         results = []
         log(HEADER)
         for case in cases:
-            results.append(evaluate_case(module, baseline, case, info.device, plan, report["copy_gbps"]))
+            results.append(evaluate_case(task, module, baseline, case, info.device, plan, report["copy_gbps"]))
             log(format_row(results[-1]))
     report["cases"] = [asdict(r) for r in results]
     report.update(summarize(results))
@@ -206,7 +214,7 @@ def run(solution: Path, panel: str, baseline_dir: Path = V0_DIR, log=print,
 
 
 HEADER = (f"{'case':<26} {'stratum':<12} {'normal':>7} {'advers':>7} {'median_us':>10} {'GB/s':>8} {'%copy':>6} "
-          f"{'v0_us':>9} {'speedup':>8} {'host_us':>8} {'gpu_us':>8} {'stable':>6}")
+          f"{'base_us':>9} {'speedup':>8} {'host_us':>8} {'gpu_us':>8} {'stable':>6}")
 
 
 def format_row(r: CaseResult) -> str:
@@ -237,7 +245,7 @@ def print_summary(report: dict) -> None:
     strata = ", ".join(f"{name} {'-' if v is None else f'{v:.3f}'}" for name, v in report["strata"].items())
     score = "-" if report["score"] is None else f"{report['score']:.3f}"
     bw = "" if report["copy_gbps"] is None else f"; copy bandwidth {report['copy_gbps']:.0f} GB/s"
-    print(f"speedup over v0 by stratum (geomean): {strata}; score (harmonic mean): {score}{bw}")
+    print(f"speedup over the baseline by stratum (geomean): {strata}; score (harmonic mean): {score}{bw}")
     stable = report.get("stability") or {}
     if stable.get("measured"):
         print(f"stability (GPU time >= {stable['ratio_min']:.2f}x host cost per call): "
@@ -248,23 +256,25 @@ def print_summary(report: dict) -> None:
 
 def main(argv: list[str] | None = None, enforce_policy: bool = True) -> int:
     parser = argparse.ArgumentParser(prog=".venv/bin/python -m evals.selfcheck", description=__doc__.split("\n")[0])
-    parser.add_argument("--solution", default=str(ROOT / "methods" / "main"),
-                        help="solution directory (default methods/main)")
+    tasks.add_argument(parser)
+    parser.add_argument("--solution", help="solution directory (default: the task's main)")
     parser.add_argument("--panel", help="visible, smoke or a panel JSON file (default: visible with CUDA, else smoke)")
     parser.add_argument("--list-cases", action="store_true",
                         help="print the panel's cases and exit (exit 2 when it is not a panel)")
-    parser.add_argument("--baseline", default=str(V0_DIR), help="the yardstick solution (default methods/versions/v0)")
+    parser.add_argument("--baseline", help="the yardstick solution (default: the task's baseline)")
     parser.add_argument("--json", help="write the full report here")
     args = parser.parse_args(argv)
     panel = args.panel or kh.default_panel()
     try:
+        task = tasks.load(args.task)
         if args.list_cases:
-            for case in kh.load_panel(panel):
+            for case in task.cases(panel):
                 print(f"{case.name} {case.stratum} seed {case.seed}")
             return 0
-        resolve_solution_dir(args.solution)
-        report = run(Path(args.solution), panel, Path(args.baseline), log=lambda line: print(line, flush=True),
-                     enforce_policy=enforce_policy)
+        solution = Path(args.solution) if args.solution else task.main_dir
+        resolve_solution_dir(solution)
+        report = run(solution, panel, Path(args.baseline) if args.baseline else None,
+                     log=lambda line: print(line, flush=True), enforce_policy=enforce_policy, task=task)
     except (FileNotFoundError, ValueError, kh.SetupError) as exc:  # the user's paths or machine, not the candidate
         print(f"selfcheck: {exc}", file=sys.stderr)
         return 2
