@@ -10,7 +10,7 @@ import torch
 from tests.conftest import ROOT
 
 DEFAULT_PANEL = "visible" if torch.cuda.is_available() else "smoke"
-SMOKE_CASES = len(json.loads((ROOT / "evals" / "problems" / "smoke_cases.json").read_text())["cases"])
+SMOKE_CASES = len(json.loads((ROOT / "tasks" / "w4a16" / "panels" / "smoke.json").read_text())["cases"])
 
 
 def module(name: str, *args: str) -> subprocess.CompletedProcess:

@@ -1,13 +1,16 @@
-"""The encoding, the oracle and the tolerance: accepted fp32 kernels, rejected wrong variants."""
+"""The W4A16 adapter: the encoding, the oracle and the tolerance: accepted fp32 kernels, rejected wrong variants."""
 import dataclasses
 import math
 
 import pytest
 import torch
 
-from evals import kernel_harness as kh
+from evals.task import load
 
-SMOKE = kh.load_panel("smoke")
+TASK = load("w4a16")
+kh = TASK.adapter
+
+SMOKE = TASK.cases("smoke")
 
 
 def test_pack_layout_puts_row_8j_plus_i_in_bits_4i():
@@ -57,27 +60,27 @@ def independent_output(x, qweight, scales, bias, residual, epilogue):
 @pytest.mark.parametrize("mode", kh.MODES)
 def test_oracle_matches_independent_computation(epilogue, mode):
     case = kh.Case("balanced", 3, 256, 256, epilogue, 11)
-    t = kh.generate(case, mode)
-    ref = kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, epilogue)
+    t = kh.tensors(case, mode)
+    ref = kh.oracle(t.x, t.qweight, t.scales, t.bias, t.residual, epilogue)
     want = independent_output(t.x, t.qweight, t.scales, t.bias, t.residual, epilogue)
     assert torch.allclose(ref.out, want, rtol=1e-9, atol=1e-9 * float(want.abs().max()))
 
 
 def test_adversarial_inputs_have_the_promised_shape():
     case = kh.Case("balanced", 20, 1024, 256, "silu", 5)
-    t = kh.generate(case, "adversarial")
+    t = kh.tensors(case, "adversarial")
     codes = kh.unpack_int4(t.qweight)
     assert ((codes == 0) | (codes == 15)).float().mean() > 0.7
     assert t.x.abs().max() >= 512 and (t.x < 0).any()
     partial = t.x[:, :512].double() @ kh.dequantize(t.qweight, t.scales, torch.float64)[:512]
     assert partial.abs().max() > 10 * kh.FP16_MAX  # far beyond fp16 ...
-    ref = kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, "silu")
+    ref = kh.oracle(t.x, t.qweight, t.scales, t.bias, t.residual, "silu")
     assert ref.out.abs().max() > 0.3 * kh.FP16_MAX  # ... cancelling to outputs near the top of fp16
     assert ref.out.abs().max() < kh.FP16_MAX
 
 
 def test_scales_make_fp16_dequantization_exact():
-    t = kh.generate(SMOKE[0], "normal")
+    t = kh.tensors(SMOKE[0], "normal")
     assert torch.equal(kh.dequantize(t.qweight, t.scales, torch.float16).double(),
                        kh.dequantize(t.qweight, t.scales, torch.float64))
 
@@ -183,9 +186,9 @@ WRONG_ON_NORMAL = [twos_complement, reversed_nibbles, one_scale_row, missing_bia
 
 
 def check(kernel, case, mode):
-    t = kh.generate(case, mode)
-    ref = kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
-    return kh.check_output(kernel(t, case.epilogue), ref, (case.m, case.n))
+    t = kh.tensors(case, mode)
+    ref = kh.oracle(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
+    return kh.check(kernel(t, case.epilogue), ref, (case.m, case.n))
 
 
 @pytest.mark.parametrize("kernel", FP32_KERNELS, ids=lambda f: f.__name__)
@@ -224,16 +227,16 @@ class OutputSubclass(torch.Tensor):
 ])
 def test_check_output_names_the_structural_fault(bad, message):
     case = SMOKE[0]
-    t = kh.generate(case, "normal")
-    ref = kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
+    t = kh.tensors(case, "normal")
+    ref = kh.oracle(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
     good = fp32_dense(t, case.epilogue)
-    assert kh.check_output(good, ref, (case.m, case.n)).ok
-    result = kh.check_output(bad(good), ref, (case.m, case.n))
+    assert kh.check(good, ref, (case.m, case.n)).ok
+    result = kh.check(bad(good), ref, (case.m, case.n))
     assert not result.ok and message in result.message
 
 
 def test_panels_hold_the_spec_cases():
-    visible = kh.load_panel("visible")
+    visible = TASK.cases("visible")
     assert len(visible) == 10 and len({c.seed for c in visible}) == 10
     assert {(c.m, c.k, c.n, c.epilogue) for c in visible if c.stratum == "balanced"} == {
         (18, 8192, 8192, "silu"), (24, 8192, 28672, "gelu_tanh"), (32, 28672, 8192, "silu"),
@@ -247,7 +250,7 @@ def test_panels_hold_the_spec_cases():
 
 def test_load_panel_explains_a_bad_path_or_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="visible"):
-        kh.load_panel(tmp_path / "nope.json")
+        TASK.cases(tmp_path / "nope.json")
     (tmp_path / "bad.json").write_text('{"rows": []}')
-    with pytest.raises(ValueError, match="a panel is JSON"):
-        kh.load_panel(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="a panel of task w4a16 is JSON"):
+        TASK.cases(tmp_path / "bad.json")
