@@ -22,22 +22,53 @@ def from_dict(cls: type[T], data: dict[str, Any]) -> T:
     return cls(**data)
 
 
+TASKS_DIR = "tasks"
+DEFAULT_TASK = "w4a16"
+MANIFEST = "task.json"
+
+
+class TaskError(ValueError):
+    """A task that cannot be used (no such task, a malformed manifest): the message says what to fix."""
+
+
 @dataclass
 class Task:
-    """The task the loop optimizes, as data: where the candidate lives and how the evaluator is run."""
+    """The task the loop optimizes, as its manifest (tasks/<name>/task.json) declares it: where its candidate, versions
+    and ledger live, what the agent may read, its strata and tier dimensions, its baseline, which evaluator stages
+    apply and the ledger's metric columns. The loop reads the manifest only (never the adapter, which is the
+    evaluator's); every evaluator command it runs gets ``--task`` with the task's folder. Paths are relative to the
+    repository root."""
 
     root: Path
-    """The main checkout: methods/, the ledger and the evaluator live here."""
-    candidate_dir: str = "methods/main"
-    """The solution directory, relative to a checkout (the worktree's copy is the one the agent edits)."""
-    versions_dir: str = "methods/versions"
+    """The main checkout: the task's main, versions and ledger live here."""
+    name: str
+    folder: str
+    """The task's folder (task.json), relative to ``root``."""
+    spec: str
+    """The spec the agent reads (the tool read_file("spec") returns it)."""
+    candidate_dir: str
+    """The solution directory (the manifest's ``main``; the worktree's copy is the one the agent edits)."""
+    versions_dir: str
     """Where every attempt is snapshotted as vN/."""
-    ledger: str = "methods/experiment_log.md"
+    ledger: str
     """The append-only ledger."""
-    spec: str = "prompts/task_spec.md"
-    """The task's spec as the agent may read it (a copy; the evaluator's own files stay out of reach)."""
-    baseline_version: str = "v0"
-    """The yardstick version speedups are measured against."""
+    strata: dict[str, dict[str, list]]
+    """Stratum name -> {dimension: [low, high or None]}: a case belongs to the first stratum whose ranges hold it."""
+    baseline: dict
+    """{"version": "v0"} (a frozen version) or {"callable": "..."} (the adapter's baseline, e.g. a library call)."""
+    stages: tuple[str, ...]
+    """The evaluator stages that apply, in order: policy, selfcheck, then optionally qualify (GPU), then the checks run
+    for a would-be keeper (each a column of the ledger where ``columns`` names it)."""
+    columns: tuple[str, ...]
+    """The ledger's metric columns between "correct" and "score": check stages and strata, by name."""
+    readable: tuple[str, ...] = ()
+    """Folders (relative to the root) the agent may read besides its candidate, the versions and the ledger."""
+    tier_dims: dict[str, list] = field(default_factory=dict)
+    """Case dimensions a solution's TIERS may key on (``<DIM>_MIN``/``<DIM>_MAX``), each with its domain [low, high or
+    None]: the offline search's shape classes."""
+    sample_cases: tuple[dict, ...] = ()
+    """Dimensions of cases the strata span, for the offline search when no profile names the panel's own cases."""
+    description: str = ""
     eval_timeout_s: float = field(default_factory=lambda: float(os.environ.get("KLOOP_EVAL_TIMEOUT", "900")))
     """Wall-clock limit of each evaluator subprocess; on expiry its whole process group is killed. A run lowers it for
     its attempts to follow the panel (agent.evaluate.panel_limit)."""
@@ -55,13 +86,31 @@ class Task:
     a bad panel is refused before anything is written."""
 
     @classmethod
-    def load(cls, root: Path, task_file: str | None) -> "Task":
-        """The default task, with the fields of ``task_file`` (JSON) replacing defaults; unknown fields are errors."""
-        data = json.loads(Path(task_file).read_text()) if task_file else {}
-        if "root" in data:
-            raise ValueError(f"{task_file}: root is where the agent is installed and cannot be set")
-        data = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-        return from_dict(cls, {"root": root, **data})
+    def load(cls, root: Path, task: str | None = None) -> "Task":
+        """The task named ``task`` (a folder under tasks/), or the task whose folder (or task.json) is the path
+        ``task``; the default task when None. A manifest's ``commands`` replace evaluator commands by stage name."""
+        folder = resolve_task(root, task)
+        try:
+            data = json.loads((folder / MANIFEST).read_text())
+        except (OSError, ValueError) as exc:
+            raise TaskError(f"{folder / MANIFEST}: {exc}") from None
+        required = ("name", "spec", "main", "versions", "ledger", "strata", "baseline", "stages")
+        missing = [key for key in required if key not in data]
+        if missing:
+            raise TaskError(f"{folder / MANIFEST} lacks {missing} (README.md, 'Add your own task', lists the fields)")
+        commands = {f"{stage}_cmd": tuple(command) for stage, command in data.get("commands", {}).items()}
+        unknown = [key for key in commands if key not in {f.name for f in dataclasses.fields(cls)}]
+        if unknown:
+            raise TaskError(f"{folder / MANIFEST}: commands names no stage for {unknown}")
+        folder_rel = folder.relative_to(root.resolve()).as_posix() if folder.is_relative_to(root.resolve()) else \
+            str(folder)
+        return cls(root=root, name=data["name"], folder=folder_rel, spec=data["spec"], candidate_dir=data["main"],
+                   versions_dir=data["versions"], ledger=data["ledger"], strata=data["strata"],
+                   baseline=data["baseline"], stages=tuple(data["stages"]),
+                   columns=tuple(data.get("columns", list(data["strata"]))),
+                   readable=tuple(data.get("readable", ())), tier_dims=data.get("tier_dims", {}),
+                   sample_cases=tuple(data.get("sample_cases", ())), description=data.get("description", ""),
+                   **commands)
 
     @property
     def versions(self) -> Path:
@@ -70,6 +119,51 @@ class Task:
     @property
     def ledger_path(self) -> Path:
         return self.root / self.ledger
+
+    @property
+    def baseline_version(self) -> str | None:
+        """The frozen version speedups are measured against, or None for a callable baseline."""
+        return self.baseline.get("version")
+
+    @property
+    def baseline_label(self) -> str:
+        """How scores name their yardstick: the version, or the callable."""
+        return self.baseline_version or str(self.baseline.get("callable"))
+
+    @property
+    def checks(self) -> tuple[str, ...]:
+        """The stages run only for a would-be keeper (or with --full-check), side by side: those after selfcheck and
+        the qualification."""
+        return tuple(s for s in self.stages if s not in ("policy", "selfcheck", "qualify"))
+
+    @property
+    def task_arg(self) -> tuple[str, str]:
+        """What every evaluator command gets: the task's folder."""
+        return ("--task", str(self.root / self.folder))
+
+    def stratum_of(self, dims: dict[str, int]) -> str | None:
+        """The first stratum whose ranges hold ``dims``, else None (a dimension it does not name is not checked)."""
+        for name, ranges in self.strata.items():
+            if all(dim in dims and low <= dims[dim] and (high is None or dims[dim] <= high)
+                   for dim, (low, high) in ranges.items()):
+                return name
+        return None
+
+
+def resolve_task(root: Path, task: str | None) -> Path:
+    """A task's folder: a name under tasks/, else a path to a folder holding task.json (or to task.json)."""
+    given = task or DEFAULT_TASK
+    named = root / TASKS_DIR / given
+    if "/" not in given and (named / MANIFEST).is_file():
+        return named.resolve()
+    path = Path(given)
+    path = path.parent if path.name == MANIFEST else path
+    if (path / MANIFEST).is_file():
+        return path.resolve()
+    known = sorted(p.name for p in (root / TASKS_DIR).iterdir() if (p / MANIFEST).is_file()) \
+        if (root / TASKS_DIR).is_dir() else []
+    raise TaskError(f"no task {given!r}: give a task name ({', '.join(known) or 'none under tasks/'}) or a folder "
+                    f"holding {MANIFEST}")
 
 
 @dataclass
@@ -94,7 +188,7 @@ class RunConfig:
     """The scripted backend's list of tool calls (a JSON file)."""
     full_check: bool = False
     """Run the residency guard and the gates on every correct candidate, not only on those that would be kept."""
-    task_file: str | None = None
-    """A JSON object of Task fields that replace the defaults (another task, other evaluator commands)."""
+    task: str | None = None
+    """The task's folder (absolute) as the run resolved it: --resume, report and every hint use it."""
     cuda: bool = False
     """Whether the evaluator runs on a GPU; without it timings are interpreter wall times."""
