@@ -63,6 +63,8 @@ class Task:
     """The ledger's metric columns between "correct" and "score": check stages and strata, by name."""
     readable: tuple[str, ...] = ()
     """Folders (relative to the root) the agent may read besides its candidate, the versions and the ledger."""
+    tools: dict[str, dict] = field(default_factory=dict)
+    """Tools the agent gets for the task's checks: ``{"run_NAME": {"stage": STAGE, "description": "..."}}``."""
     tier_dims: dict[str, list] = field(default_factory=dict)
     """Case dimensions a solution's TIERS may key on (``<DIM>_MIN``/``<DIM>_MAX``), each with its domain [low, high or
     None]: the offline search's shape classes."""
@@ -108,7 +110,8 @@ class Task:
                    versions_dir=data["versions"], ledger=data["ledger"], strata=data["strata"],
                    baseline=data["baseline"], stages=tuple(data["stages"]),
                    columns=tuple(data.get("columns", list(data["strata"]))),
-                   readable=tuple(data.get("readable", ())), tier_dims=data.get("tier_dims", {}),
+                   readable=tuple(data.get("readable", ())), tools=data.get("tools", {}),
+                   tier_dims=data.get("tier_dims", {}),
                    sample_cases=tuple(data.get("sample_cases", ())), description=data.get("description", ""),
                    **commands)
 

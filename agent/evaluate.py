@@ -1,9 +1,11 @@
 """The evaluation chain, cheapest first, stopping at the first failure: source policy -> selfcheck -> best and
 candidate timed in alternation -> on a GPU, the qualification under the verifier's schedule (alone: it times) ->
-residency guard and verifier gates side by side (the slowest on a GPU); these three only for a candidate that would
-be kept. A candidate the verifier could not time (host-bound, see agent.stability) is never kept.
+the task's checks (its stages after those, such as a memory guard and the verifier's gates) side by side; the
+qualification and the checks only for a candidate that would be kept. A candidate the verifier could not time
+(host-bound, see agent.stability) is never kept, and without a GPU nothing is kept on timing.
 
-Each stage is the evaluator's own CLI in a subprocess (agent/ never imports evals/); its JSON is the result.
+Each stage is the evaluator's own CLI in a subprocess (agent/ never imports evals/), given the task; its JSON is the
+result.
 """
 from __future__ import annotations
 
@@ -18,10 +20,13 @@ from agent.runner import clip, python_command, python_env, run_command
 from agent.stability import LIMIT, qualification_failed, shared_cases, stability_block, unstable_cases
 
 SURELY_SLOWER = 0.05
-"""How far below the best's score against v0 a candidate's may be before it is not timed against the best."""
+"""How far below the best's score against the baseline a candidate's may be before it is not timed against the
+best."""
 LIMIT_PER_START = 15.0
-"""A stage may take this many times the start's own selfcheck on the panel (which times v0 beside it); the slowest
-stages, the residency guard and the gates side by side, take 3-6 times as long."""
+"""A stage may take this many times the start's own selfcheck on the panel (which times the baseline beside it); the
+slowest stages, the checks side by side, take 3-6 times as long."""
+OUTPUT_TAIL = 3000
+"""Characters of each stage's output its verdict keeps: a crash's last lines name the case it died on."""
 LIMIT_FLOOR_S = 120.0
 """The least time limit of a stage, however fast the start's selfcheck: room for compiling on a cold cache."""
 
@@ -44,7 +49,7 @@ class Stage:
 
     def summary(self) -> dict:
         return {"name": self.name, "ok": self.ok, "returncode": self.returncode, "seconds": round(self.seconds, 2),
-                "note": self.note}
+                "note": self.note, "output": self.output[-OUTPUT_TAIL:]}
 
 
 def _failed_gates(report: dict) -> str:
@@ -60,11 +65,11 @@ BASELINE_TIMING_GATES = {"dispersion", "baseline_agreement"}
 
 
 def baseline_noise_only(report: dict) -> bool:
-    """Whether a finished verifier report that is not valid failed only on the baseline's (v0's) own timing: on
-    every failed case only the dispersion or the baseline-agreement gate, every role ran and passed its own gates and
-    was timed, and the candidate's groups are within the limit. Such a verdict says nothing against the candidate
-    (v0 is near its host cost on some cases, so its groups take the host's pace), and the same verification run
-    again can be valid. A partial report (a verifier cut off) is never one."""
+    """Whether a finished verifier report that is not valid failed only on the baseline's own timing: on every
+    failed case only the dispersion or the baseline-agreement gate, every role ran and passed its own gates and was
+    timed, and the candidate's groups are within the limit. Such a verdict says nothing against the candidate (a
+    baseline near its host cost on some cases has groups at the host's pace), and the same verification run again
+    can be valid. A partial report (a verifier cut off) is never one."""
     failed = [c for c in report.get("cases", []) if c.get("failed")]
     if report.get("valid") or report.get("partial") or "gates" not in report or not failed or report.get("skipped"):
         return False
@@ -95,11 +100,15 @@ class Evaluator:
         self.timeout_s = min(timeout_s or task.eval_timeout_s, task.eval_timeout_s)
         work_dir.mkdir(parents=True, exist_ok=True)
 
-    def _run(self, name: str, module_args: tuple[str, ...], args: list[str], json_out: Path) -> Stage:
+    def _run(self, name: str, module_args: tuple[str, ...], args: list[str], json_out: Path,
+             task: bool = True) -> Stage:
+        """One evaluator command (``task``: given the task's folder; the source policy, the same for every task, is
+        not) with its JSON report."""
         json_out.unlink(missing_ok=True)
         started = time.monotonic()
-        result = run_command(python_command(module_args, *args, "--json", str(json_out)), self.task.root,
-                             self.timeout_s, python_env(self.task.root, self.cuda))
+        given = self.task.task_arg if task else ()
+        result = run_command(python_command(module_args, *given, *args, "--json", str(json_out)),
+                             self.task.root, self.timeout_s, python_env(self.task.root, self.cuda))
         seconds = time.monotonic() - started
         try:
             report = json.loads(json_out.read_text()) if json_out.is_file() else None
@@ -110,7 +119,7 @@ class Evaluator:
             limit = "the task's limit" if self.timeout_s >= self.task.eval_timeout_s else "the panel's limit"
             note = f"timed out after {self.timeout_s:g} s, {limit} (process group killed)"
         elif rc < 0:
-            note = f"crashed: killed by signal {-rc}"
+            note = f"crashed: killed by signal {-rc}; its last output: " + _tail(result["output"], 4)
         elif report is None:
             note = f"exit {rc} without a JSON report: " + _tail(result["output"])
         else:
@@ -118,7 +127,7 @@ class Evaluator:
         return Stage(name, rc == 0 and report is not None, rc, seconds, note, report, clip(result["output"], 4000))
 
     def policy(self, solution: Path) -> Stage:
-        stage = self._run("policy", self.task.policy_cmd, [str(solution)], self.work_dir / "policy.json")
+        stage = self._run("policy", self.task.policy_cmd, [str(solution)], self.work_dir / "policy.json", task=False)
         if not stage.ok and stage.report and "files" in stage.report:
             found = [f"{Path(f).name}:{v['line']} [{v['rule']}] {v['message']}"
                      for f, vs in stage.report["files"].items() for v in vs]
@@ -137,8 +146,9 @@ class Evaluator:
         return stage
 
     def verify(self, solution: Path) -> Stage:
-        """The full verifier on the panel: every gate, then v0 before, the solution, v0 after, each timed in its own
-        process (minutes on the visible panel). Only a GPU can pass it: interpreter timings are never valid."""
+        """The full verifier on the panel: every gate, then the baseline before, the solution, the baseline after,
+        each timed in its own process (minutes on the visible panel). Only a GPU can pass it: interpreter timings are
+        never valid."""
         stage = self._run("verifier", self.task.verify_cmd, ["--solution", str(solution), "--panel", self.panel],
                           self.work_dir / "verifier.json")
         if stage.report:
@@ -173,12 +183,16 @@ class Evaluator:
             stage.ok, stage.note = False, stability_block(None, report)[2]
         return stage
 
-    def residency(self, solution: Path) -> Stage:
-        stage = self._run("residency", self.task.residency_cmd, ["--solution", str(solution), "--panel", self.panel],
-                          self.work_dir / "residency.json")
+    def check(self, name: str, solution: Path) -> Stage:
+        """One of the task's checks by stage name (the gates, or a check command such as a memory guard whose report
+        lists cases with ``ok``)."""
+        if name == "gates":
+            return self.gates(solution)
+        stage = self._run(name, getattr(self.task, f"{name}_cmd"), ["--solution", str(solution), "--panel", self.panel],
+                          self.work_dir / f"{name}.json")
         if stage.report and "cases" in stage.report and not stage.ok:
             failures = "; ".join(_case_failure(c) for c in stage.report["cases"] if not c.get("ok"))
-            stage.note = "residency: " + failures[:1500]
+            stage.note = f"{name}: " + failures[:1500]
         return stage
 
     def evaluate(self, solution: Path, best: Path, best_is_baseline: bool, full_check: bool = True,
@@ -186,13 +200,15 @@ class Evaluator:
         """The verdict of one attempt; ``keep`` is True only for a valid candidate faster than ``best`` beyond noise
         and, on a GPU, stable.
 
-        Cheapest first, stopping at the first failure: policy, selfcheck (correctness and speed against v0), the
+        Cheapest first, stopping at the first failure: policy, selfcheck (correctness and speed against the
+        baseline), the
         comparison with the best (both timed in alternation in one process); on a GPU the qualification under the
-        verifier's schedule, alone since it times; then the residency guard and the verifier gates, the slowest
-        stages on a GPU, side by side (neither times anything). Without ``full_check`` (the loop's default) the last
-        three run only for a candidate that would be kept, since a slower one is reverted whatever they say. A
-        candidate whose score against v0 is more than ``SURELY_SLOWER`` below ``best_score`` (the best's own score
-        against v0) cannot be kept: it is not timed against the best, and its row says so.
+        verifier's schedule, alone since it times; then the task's checks, the slowest stages on a GPU, side by side
+        (none times anything). Without ``full_check`` (the loop's default) the qualification and the checks run only
+        for a candidate that would be kept, since a slower one is reverted whatever they say. A candidate whose score
+        against the baseline is more than ``SURELY_SLOWER`` below ``best_score`` (the best's own score against it)
+        cannot be kept: it is not timed against the best, and its row says so. Without a GPU nothing is kept: the
+        interpreter's wall times cannot rank kernels, so no candidate is a would-be keeper there.
 
         On a GPU a keeper must also be stable (``agent.stability``): a case the selfcheck finds host-bound, or a
         qualification vector over the verifier's limit, blocks the keep; such a candidate is still valid (correct,
@@ -215,22 +231,23 @@ class Evaluator:
             if self.cuda:
                 stable, stable_cell, stable_note = stability_block(check, None, best_check)
             estimate = (check.get("score") or 0.0) / best_score if best_score else None
-            if best_is_baseline:  # the selfcheck already timed the candidate against v0 in alternation
+            if best_is_baseline:  # the selfcheck already timed the candidate against the baseline in alternation
                 comparison = compare(check)
             elif not stable or (estimate is not None and estimate < 1 - SURELY_SLOWER):  # cannot be kept
-                estimated = "estimated from both scores against v0; " if estimate is not None else ""
+                estimated = "estimated from both scores against the baseline; " if estimate is not None else ""
                 comparison = {"keep": False, "speedup_over_best": estimate, "noise": None,
                               "compare_note": estimated + "not timed against the best"}
             elif passed(self.selfcheck(solution, best, "versus_best")):
                 comparison = compare(stages[-1].report)
-            if self.cuda and stable and (comparison["keep"] or full_check):
+            keeper = comparison["keep"] and self.cuda
+            if self.cuda and "qualify" in self.task.stages and stable and (keeper or full_check):
                 stages.append(self.qualify(solution))  # alone: it times, so nothing may run beside it
                 report = stages[-1].report
                 stable, stable_cell, stable_note = stability_block(
                     check, report if report is not None else {"measured": False, "note": stages[-1].note}, best_check)
-            if (comparison["keep"] and stable) or full_check:
-                with ThreadPoolExecutor(2) as pool:  # two processes, neither timed: side by side
-                    checks = [pool.submit(self.residency, solution), pool.submit(self.gates, solution)]
+            if (keeper and stable) or full_check:
+                with ThreadPoolExecutor(max(1, len(self.task.checks))) as pool:  # none is timed: side by side
+                    checks = [pool.submit(self.check, name, solution) for name in self.task.checks]
                     stages.extend(future.result() for future in checks)
         check = next((s.report for s in stages if s.name == "selfcheck" and s.report and "cases" in s.report), None)
         names = {s.name: s for s in stages}
@@ -254,8 +271,7 @@ class Evaluator:
                    "correct": None if check is None else bool(check.get("all_correct")),
                    # a case that raised (a compile error such as OutOfResources, a crash) rather than computed wrongly
                    "raised": bool(check) and any(c.get("error") for c in check.get("cases", [])),
-                   "residency": ("ok" if names["residency"].ok else "FAIL") if "residency" in names else None,
-                   "gates": ("ok" if names["gates"].ok else "FAIL") if "gates" in names else None,
+                   **{name: ("ok" if names[name].ok else "FAIL") if name in names else None for name in self.task.checks},
                    "strata": (check or {}).get("strata", {}), "score": (check or {}).get("score"),
                    "cases": [_case_numbers(c) for c in (check or {}).get("cases", [])],
                    # "yes", "no (why)" or "-" (not measured: no CUDA, or never reached), and the cases that were not
@@ -263,9 +279,10 @@ class Evaluator:
                    "unstable": unstable_cases(check, qualified, best_check) if self.cuda else [],
                    "note": "; ".join(notes)}
         verdict["valid"] = verdict["failed_stage"] is None and verdict["score"] is not None
-        # on a GPU a keeper has passed the qualification; without one nothing is measured and nothing blocks
-        steady = stable and (not self.cuda or "qualify" in names)
-        verdict.update(comparison, keep=verdict["valid"] and comparison["keep"] and "residency" in names and steady)
+        # a keeper has passed the qualification (where the task has one) and every check, measured on a GPU
+        steady = stable and ("qualify" in names or "qualify" not in self.task.stages)
+        verdict.update(comparison, keep=verdict["valid"] and comparison["keep"] and self.cuda and steady
+                       and all(name in names for name in self.task.checks))
         return verdict
 
 

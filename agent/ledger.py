@@ -1,8 +1,9 @@
-"""The record: methods/versions/vN/ snapshots, the append-only ledger rows and methods/versions/index.jsonl.
+"""The record of a task: its versions/vN/ snapshots, its append-only ledger rows and versions/index.jsonl (each
+task's manifest says where; W4A16's are methods/versions/ and methods/experiment_log.md).
 
-Everything is written under one file lock (methods/versions/.lock), so parallel runs take distinct version numbers
-and their rows land in version order. Rows are only ever appended, never rewritten. A record survives a kill at any
-instant: see ``record``.
+Everything is written under one file lock (versions/.lock), so parallel runs take distinct version numbers and their
+rows land in version order. Rows are only ever appended, never rewritten. A record survives a kill at any instant:
+see ``record``. A row's columns are the task's (``columns``): the fixed ones around the task's metric columns.
 """
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ from pathlib import Path
 
 from agent.config import Task
 
+HEAD = ("version", "time (UTC)", "run", "backend/model", "parent", "summary / hypothesis", "correct")
 # "stable" is last: rows written before it existed end at sha256 and still read (parse_row gives them "-")
-COLUMNS = ("version", "time (UTC)", "run", "backend/model", "parent", "summary / hypothesis", "correct", "residency",
-           "balanced", "expert-batch", "score", "decision", "sha256", "stable")
+TAIL = ("score", "decision", "sha256", "stable")
 VERSION_DIR = re.compile(r"^v(\d+)$")
 ATTEMPT_ROW = re.compile(r"^\| v\d+ \|")  # an attempt's row: not the header, nor a promotion's "| promote vN |"
 PENDING = "pending.json"  # in vN/ until its row and index line are written: what a kill left unwritten, written later
@@ -50,8 +51,42 @@ def locked(task: Task) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def columns(task: Task) -> tuple[str, ...]:
+    """The task's ledger columns: the fixed head, the task's metric columns (checks and strata), the fixed tail."""
+    return HEAD + task.columns + TAIL
+
+
+def identity(files: dict[str, bytes]) -> str:
+    """A version's identity: the hash of all its source files (names and bytes), so that two versions that differ in a
+    helper file never share one. Rows written before it hashed solution.py alone (``legacy_sha256``)."""
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        digest.update(name.encode() + b"\0" + hashlib.sha256(files[name]).digest())
+    return digest.hexdigest()
+
+
 def solution_sha256(directory: Path) -> str:
-    return hashlib.sha256((directory / "solution.py").read_bytes()).hexdigest()
+    """The identity of a solution directory's source files."""
+    return identity({path.name: path.read_bytes() for path in solution_files(directory)})
+
+
+def legacy_sha256(solution_source: bytes) -> str:
+    """The identity rows written before ``identity`` carry: solution.py's bytes alone."""
+    return hashlib.sha256(solution_source).hexdigest()
+
+
+def same_version(task: Task, directory: Path) -> str | None:
+    """The first version whose snapshot holds exactly ``directory``'s source files (by their identity), else None.
+    Read from the snapshots themselves, so rows of either hash agree."""
+    identity = solution_sha256(directory)
+    numbered = sorted((int(m.group(1)), p) for p in task.versions.iterdir() if (m := VERSION_DIR.match(p.name))) \
+        if task.versions.is_dir() else []
+    return next((f"v{n}" for n, path in numbered if solution_sha256(path) == identity), None)
+
+
+def fmt(value: float | None, spec: str = ".3f") -> str:
+    """A number as every table of the loop prints it (``spec``, a format spec), "-" where there is none."""
+    return "-" if value is None else format(value, spec)
 
 
 def solution_files(directory: Path) -> list[Path]:
@@ -77,8 +112,24 @@ def cell(value: object) -> str:
     return " ".join(text.replace("|", "/").split())
 
 
-def format_row(values: dict[str, object]) -> str:
-    return "| " + " | ".join(cell(values.get(column)) for column in COLUMNS) + " |"
+def format_row(values: dict[str, object], task: Task) -> str:
+    return "| " + " | ".join(cell(values.get(column)) for column in columns(task)) + " |"
+
+
+def header(task: Task) -> str:
+    """The table's header and rule, as the ledger file and the prompts show them."""
+    names = columns(task)
+    return format_row(dict(zip(names, names)), task) + "\n|" + "---|" * len(names)
+
+
+def _start_ledger(task: Task) -> None:
+    """A new task's ledger: a title, what a row is, and the table's header (the caller holds the lock)."""
+    if task.ledger_path.is_file():
+        return
+    task.ledger_path.parent.mkdir(parents=True, exist_ok=True)
+    _append_line(task.ledger_path, f"# Experiment log: task {task.name}\n\nThe ledger of every attempt, append-only: "
+                                   "one row per attempt, beginning `| vN |`; rows are never rewritten. Speedups are "
+                                   f"over {task.baseline_label}.\n\n{header(task)}")
 
 
 def rows(task: Task) -> list[str]:
@@ -87,11 +138,12 @@ def rows(task: Task) -> list[str]:
     return [line for line in task.ledger_path.read_text().splitlines() if ATTEMPT_ROW.match(line)]
 
 
-def parse_row(line: str) -> dict[str, str]:
+def parse_row(line: str, task: Task) -> dict[str, str]:
     """Every column of a row by name; a row with fewer cells (written before a column was appended) reads "-" there,
     as format_row writes a missing value."""
+    names = columns(task)
     parts = [part.strip() for part in line.strip().strip("|").split(" | ")]
-    return dict(zip(COLUMNS, parts + ["-"] * (len(COLUMNS) - len(parts))))
+    return dict(zip(names, parts + ["-"] * (len(names) - len(parts))))
 
 
 def index_entries(task: Task) -> list[dict]:
@@ -146,7 +198,8 @@ def append_row(task: Task, values: dict[str, object]) -> str:
     """A row that records no new version (a promotion), under the same lock as every attempt."""
     with locked(task):
         _finish_pending(task)  # an attempt's row before any row written after it
-        line = format_row(values)
+        line = format_row(values, task)
+        _start_ledger(task)
         _append_line(task.ledger_path, line)
         return line
 
@@ -177,10 +230,11 @@ def record(task: Task, candidate: Path, parent_dir: Path | None, parent_label: s
         (staging / "parent.patch").write_text(unified_patch(parent_dir, candidate, parent_label))
         (staging / "verdict.json").write_text(json.dumps(verdict, indent=2) + "\n")
         values = dict(row, version=version, sha256=solution_sha256(staging))
-        line, entry = format_row(values), json.loads(json.dumps(dict(values, **index_extra)))
+        line, entry = format_row(values, task), json.loads(json.dumps(dict(values, **index_extra)))
         (staging / PENDING).write_text(json.dumps({"row": line, "index": entry}) + "\n")
         staging.rename(directory)
         pause_at("snapshot")
+        _start_ledger(task)
         _append_line(task.ledger_path, line)
         pause_at("row")
         _append_line(task.versions / "index.jsonl", json.dumps(entry, sort_keys=True))

@@ -13,7 +13,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from agent import ledger
-from agent.config import PROG, RunConfig, Task
+from agent.config import DEFAULT_TASK, PROG, TASKS_DIR, RunConfig, Task
+from agent.ledger import fmt
 from agent.display import Display
 from agent.evaluate import Evaluator, correct_cell, panel_limit
 from agent.exceptions import EndpointUnavailable, LimitsExceeded, ProposerError, Submitted
@@ -21,10 +22,6 @@ from agent.prompts import render
 from agent.proposers import IterationContext, Proposer
 from agent.tools import Tools, profile_text
 from agent.workspace import RunState, Workspace, replace_solution
-
-
-def fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
 
 
 class Run:
@@ -102,13 +99,14 @@ class Run:
         values = dict(spec=(self.task.root / self.task.spec).read_text(), run_id=self.state.run_id, iteration=iteration,
                       iters=self.config.iters, best_label=self.state.best_label, best_score=fmt(self.state.best_score),
                       timing_note=render("timing_gpu" if self.config.cuda else "timing_interpreter"),
-                      solution=(self.tools.candidate / "solution.py").read_text())
-        header = ledger.format_row(dict(zip(ledger.COLUMNS, ledger.COLUMNS))) + "\n|" + "---|" * len(ledger.COLUMNS)
-        feedback = dict(ledger_header=header, ledger_rows="\n".join(ledger.rows(self.task)[-15:]) or "(none yet)",
+                      solution=(self.tools.candidate / "solution.py").read_text(), main=self.task.candidate_dir,
+                      baseline=self.task.baseline_label)
+        feedback = dict(ledger_header=ledger.header(self.task),
+                        ledger_rows="\n".join(ledger.rows(self.task)[-15:]) or "(none yet)",
                         last_verdict=json.dumps(last, indent=1)[:3000] if last else "(none yet)",
                         profile=profile_text(profile) if profile else "(none yet)",
                         steps_left=getattr(self.proposer, "max_steps", "a few"))
-        prompts = {"system": render("system"), "task": render("task", **values),
+        prompts = {"system": render("system", **self.tools.prompt_values()), "task": render("task", **values),
                    "iteration": render("iteration", **feedback)}
         return IterationContext(iteration, prompts, profile, last)
 
@@ -145,21 +143,19 @@ class Run:
                               self.workspace.state_dir / "attempts" / name, self.state.eval_limit_s)
         verdict = evaluator.evaluate(self.tools.candidate, self.best_dir, self.state.best_is_baseline,
                                      self.config.full_check, self.state.best_score, self.best_profile())
-        strata = verdict["strata"] or {}
         text = summary + (f"; hypothesis: {hypothesis}" if hypothesis and hypothesis not in summary else "")
         row = {"time (UTC)": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S"), "run": self.state.run_id,
                "backend/model": self.proposer.label, "parent": self.state.best_label, "summary / hypothesis": text,
-               "correct": correct_cell(verdict),
-               # the guard runs only for a candidate about to be kept (or with --full-check)
-               "residency": verdict["residency"] or ("not run (not kept)" if verdict["correct"] else "-"),
-               "balanced": fmt(strata.get("balanced")), "expert-batch": fmt(strata.get("expert-batch")),
+               "correct": correct_cell(verdict), **metric_cells(self.task, verdict, "not run (not kept)"),
                "score": fmt(verdict["score"]), "decision": decision(verdict), "stable": verdict.get("stable")}
         eval_s = time.monotonic() - started
         extra = {"iteration": iteration, "summary": summary, "hypothesis": hypothesis, "keep": verdict["keep"],
                  "prompt_tokens": context.usage.prompt_tokens, "completion_tokens": context.usage.completion_tokens,
                  "tokens": context.usage.tokens, "cost_usd": context.usage.cost_usd, "propose_s": round(propose_s, 2),
                  "eval_s": round(eval_s, 2), "wall_s": round(propose_s + eval_s, 2), "eval_dir": name,
-                 "verdict": verdict}
+                 # the stages' output tails stay in vN/verdict.json: the index keeps a line per attempt small
+                 "verdict": verdict | {"stages": [{k: v for k, v in s.items() if k != "output"}
+                                                  for s in verdict["stages"]]}}
         recorded = ledger.record(self.task, self.tools.candidate, self.best_dir, self.state.best_label, row, verdict,
                                  extra)
         ledger.pause_at("recorded")
@@ -205,7 +201,7 @@ class Run:
         for entry in entries:
             if not self.workspace.has_commit(entry["version"]):
                 replace_solution(self.tools.candidate, self.task.versions / entry["version"])
-                self.workspace.commit(ledger.format_row(entry))
+                self.workspace.commit(ledger.format_row(entry, self.task))
             self.apply(entry)
             self.state.save(self.workspace.state_dir)
             self.display.line(f"recovered {entry['version']} (iteration {entry['iteration']}), recorded by a killed "
@@ -221,11 +217,27 @@ def same_files(candidate: Path, best: Path) -> bool:
         a.read_bytes() == b.read_bytes() for a, b in zip(mine, theirs))
 
 
+def metric_cells(task: Task, verdict: dict, unchecked: str) -> dict[str, str]:
+    """The task's metric columns of a row: each check stage's result (``unchecked`` for a correct candidate it did not
+    run on, since the checks run only for one about to be kept), each stratum's score."""
+    cells = {}
+    for column in task.columns:
+        if column in task.strata:
+            cells[column] = fmt((verdict["strata"] or {}).get(column))
+        else:
+            cells[column] = verdict.get(column) or (unchecked if verdict["correct"] else "-")
+    return cells
+
+
 def decision(verdict: dict) -> str:
-    """The ledger's decision cell: keep or revert and why, the reason in full (each stage's whole output is in
-    verdict.json); a decision on Triton interpreter timings says so. A valid candidate the verifier could not time
-    (its ``stable`` cell "no ...", GPU only) reads "revert (unstable: CASE WHY; 1.420x best)"."""
+    """The ledger's decision cell: keep or revert and why, the reason in full (each stage's output tail is in
+    verdict.json). Without a GPU nothing is kept on timing: interpreter wall times cannot rank kernels, and the cell
+    says so. A valid candidate the verifier could not time (its ``stable`` cell "no ...", GPU only) reads "revert
+    (unstable: CASE WHY; 1.420x best)"."""
     timing = "" if verdict.get("gpu_timing") else "interpreter timing: "
+    if verdict["valid"] and not verdict.get("gpu_timing"):
+        return (f"revert (no GPU: nothing is kept on interpreter timings, which rank nothing; "
+                f"{fmt(verdict['speedup_over_best'])}x best, noise {fmt(verdict['noise'])})")
     if verdict["keep"]:
         return f"keep ({timing}{verdict['speedup_over_best']:.3f}x best, noise {verdict['noise']:.3f})"
     if verdict["valid"] and str(verdict.get("stable", "")).startswith("no"):
@@ -245,18 +257,39 @@ def decision(verdict: dict) -> str:
 
 
 def summary(task: Task, state: RunState) -> str:
-    lines = [f"run {state.run_id}: {state.status}, {state.attempts} attempt(s), {state.wall_s:.0f} s of work, "
-             f"{state.tokens} tokens, ${state.cost_usd:.4f}"]
-    if state.best_label == state.start_label:
+    lines = [f"run {state.run_id} (task {task.name}): {state.status}, {state.attempts} attempt(s), "
+             f"{state.wall_s:.0f} s of work, {state.tokens} tokens, ${state.cost_usd:.4f}"]
+    if not state.config.get("cuda"):
+        valid = [h["version"] for h in state.history if h.get("score") is not None]
+        lines.append(f"no GPU: nothing is kept on Triton interpreter timings, which rank nothing; "
+                     f"{len(valid)} valid candidate(s) recorded" + (f" ({', '.join(valid[:8])}"
+                                                                    + (", ..." if len(valid) > 8 else "") + ")"
+                                                                    if valid else "")
+                     + f". Measure them on a GPU: {make_hint(task, 'agent-run', ITER=20)} there, or "
+                       f"{make_hint(task, 'promote', V='N')} on a GPU machine (here only FORCE=1 promotes).")
+    elif state.best_label == state.start_label:
         lines.append(f"no candidate beat the start ({state.start_label}, score {fmt(state.best_score)}).")
     else:
         lines.append(f"best: {state.best_label}, score {fmt(state.best_score)} "
-                     "(speedup over v0, harmonic mean of strata)")
-        lines.append(f"to promote it: make promote V={state.best_label.removeprefix('v')}  "
-                     f"({PROG} promote {state.best_label})"
-                     + ("" if state.config.get("cuda") else "; chosen on Triton interpreter timings, not GPU "
-                                                            "timings: promote it on a GPU machine, which measures "
-                                                            "it first (here only FORCE=1 promotes it)"))
+                     f"(speedup over {task.baseline_label}, harmonic mean of strata)")
+        lines.append(f"to promote it: {make_hint(task, 'promote', V=state.best_label.removeprefix('v'))}  "
+                     f"({PROG} promote {task_flag(task)}{state.best_label})")
     lines.append(f"ledger: {task.ledger}; versions: {task.versions_dir}/; "
                  f"resume: {PROG} run --resume {state.run_id}")
     return "\n".join(lines)
+
+
+def task_flag(task: Task) -> str:
+    """``--task NAME `` for a command line, empty for the default task (so its hints read as they always have)."""
+    return "" if task.name == DEFAULT_TASK else f"--task {task_ref(task)} "
+
+
+def task_ref(task: Task) -> str:
+    """How a command names the task: its name when it lives under tasks/, else its folder."""
+    return task.name if task.folder == f"{TASKS_DIR}/{task.name}" else task.folder
+
+
+def make_hint(task: Task, target: str, **variables: object) -> str:
+    """A make command line for the task: ``make promote TASK=NAME V=3`` (no TASK= for the default task)."""
+    words = ["make", target] + ([] if task.name == DEFAULT_TASK else [f"TASK={task_ref(task)}"])
+    return " ".join(words + [f"{key}={value}" for key, value in variables.items()])

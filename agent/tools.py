@@ -1,8 +1,9 @@
 """The tools, one implementation each, shared by every proposer, the CLI and the tests.
 
 Each returns ``{"output": str, "returncode": int}``; ``submit`` raises ``Submitted`` to end the iteration.
-The agent may read only the worktree's methods/ files, the ledger, the versions and the task spec; it may write only
-the candidate solution directory. Evaluator internals and panels are out of reach.
+The agent may read only its candidate, the task's ledger, versions and spec, and the folders the task's manifest
+names ``readable``; it may write only the candidate solution directory. Evaluator internals, the task's adapter and
+its panels are out of reach.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from agent.evaluate import Evaluator
 from agent.exceptions import FormatError, Submitted
 from agent.ledger import solution_files
 
-SPEC_NAMES = ("spec", "task_spec.md", "prompts/task_spec.md")
+SPEC_NAMES = ("spec", "spec.md")
 # An optional line naming the file (it must end in .py, so a ``` fence line is never taken for one), then the block.
 BLOCK = re.compile(r"(?:^[ \t]*(?P<path>[^\s<>=`]+\.py)[ \t]*\n)?<<<<<<< SEARCH\n(?P<search>.*?)\n?=======\n"
                    r"(?P<replace>.*?)\n?>>>>>>> REPLACE", re.S | re.M)
@@ -28,31 +29,38 @@ REFUSED_HEADERS = re.compile(r"^(copy from|copy to|rename from|rename to|old mod
 # What a tool implementation may raise on bad input (a lone surrogate, git apply timing out): answered, never fatal.
 TOOL_ERRORS = (OSError, ValueError, UnicodeError, subprocess.SubprocessError)
 
-SPECS: list[dict] = [
-    {"name": "read_file", "description": "Read a file: the task spec ('spec'), methods/experiment_log.md (the ledger), "
-     "methods/main/*.py (your candidate) or methods/versions/vN/* (earlier attempts).",
-     "parameters": {"path": {"type": "string"}}},
-    {"name": "write_file", "description": "Replace a .py file of the candidate solution directory (methods/main/).",
-     "parameters": {"path": {"type": "string"}, "content": {"type": "string"}}},
-    {"name": "apply_patch", "description": "Edit the candidate with a unified diff of file contents (no renames, "
-     "copies, mode changes, symlinks or binary patches), or with search/replace blocks: "
-     "'<<<<<<< SEARCH\\n<exact old text>\\n=======\\n<new text>\\n>>>>>>> REPLACE' (optionally preceded by a line "
-     "naming the file; default solution.py).", "parameters": {"patch": {"type": "string"}}},
-    {"name": "run_selfcheck", "description": "Correctness (normal and adversarial inputs), latency and speedup over v0 "
-     "of the current candidate.", "parameters": {}},
-    {"name": "run_residency_guard", "description": "Check what the candidate keeps alive against the memory contract.",
-     "parameters": {}},
-    {"name": "run_profile", "description": "Profiler summary per case: median us, GB/s and fraction of copy bandwidth, "
-     "host vs GPU time per call, kernels with grids, registers and spills, and a bottleneck label with its evidence.",
-     "parameters": {}},
-    {"name": "submit", "description": "End this iteration: the candidate is evaluated and recorded.",
-     "parameters": {"summary": {"type": "string"}, "hypothesis": {"type": "string"}}},
-]
 
 
-def openai_tools() -> list[dict]:
+def specs(task: Task) -> list[dict]:
+    """The tools as the task names them: its paths, its baseline, and a tool for each check it declares in its
+    manifest's ``tools`` (``{"run_NAME": {"stage": STAGE, "description": "..."}}``)."""
+    main, extra = task.candidate_dir, "".join(f", {folder}/*" for folder in task.readable)
+    declared = [{"name": name, "description": tool["description"], "parameters": {}}
+                for name, tool in task.tools.items()]
+    return [
+        {"name": "read_file", "description": f"Read a file: the task spec ('spec'), {task.ledger} (the ledger), "
+         f"{main}/*.py (your candidate) or {task.versions_dir}/vN/* (earlier attempts){extra}.",
+         "parameters": {"path": {"type": "string"}}},
+        {"name": "write_file", "description": f"Replace a .py file of the candidate solution directory ({main}/).",
+         "parameters": {"path": {"type": "string"}, "content": {"type": "string"}}},
+        {"name": "apply_patch", "description": "Edit the candidate with a unified diff of file contents (no renames, "
+         "copies, mode changes, symlinks or binary patches), or with search/replace blocks: "
+         "'<<<<<<< SEARCH\\n<exact old text>\\n=======\\n<new text>\\n>>>>>>> REPLACE' (optionally preceded by a "
+         "line naming the file; default solution.py).", "parameters": {"patch": {"type": "string"}}},
+        {"name": "run_selfcheck", "description": "Correctness (every input regime of the task), latency and speedup "
+         f"over {task.baseline_label} of the current candidate.", "parameters": {}},
+        *declared,
+        {"name": "run_profile", "description": "Profiler summary per case: median us, GB/s and fraction of copy "
+         "bandwidth, host vs GPU time per call, kernels with grids, registers and spills, and a bottleneck label with "
+         "its evidence.", "parameters": {}},
+        {"name": "submit", "description": "End this iteration: the candidate is evaluated and recorded.",
+         "parameters": {"summary": {"type": "string"}, "hypothesis": {"type": "string"}}},
+    ]
+
+
+def openai_tools(tool_specs: list[dict]) -> list[dict]:
     return [{"type": "function", "function": {"name": s["name"], "description": s["description"], "parameters": {
-        "type": "object", "properties": s["parameters"], "required": list(s["parameters"])}}} for s in SPECS]
+        "type": "object", "properties": s["parameters"], "required": list(s["parameters"])}}} for s in tool_specs]
 
 
 def result(output: str, returncode: int = 0) -> dict:
@@ -63,36 +71,51 @@ class Tools:
     def __init__(self, task: Task, worktree: Path, evaluator: Evaluator):
         self.task, self.worktree, self.evaluator = task, worktree, evaluator
         self.candidate = worktree / task.candidate_dir
+        self.specs = specs(task)
+
+    def prompt_values(self) -> dict[str, str]:
+        """What the system prompt names: the candidate's folder, the ledger, the versions and the check tools."""
+        checks = "".join(f"{name}(), " for name in self.task.tools)
+        return {"main": self.task.candidate_dir, "ledger": self.task.ledger, "versions": self.task.versions_dir,
+                "check_tools": checks, "checks": ", ".join(self.task.checks) or "none"}
 
     def call(self, name: str, arguments: Any) -> dict:
         """Dispatch a tool call by name; an unknown tool or wrong arguments is a FormatError. A tool that fails on its
         input (a write that cannot be encoded, git apply timing out) answers with returncode 1 and never ends the
         run."""
-        spec = next((s for s in SPECS if s["name"] == name), None)
+        spec = next((s for s in self.specs if s["name"] == name), None)
         if spec is None:
-            raise FormatError(f"unknown tool {name!r}; the tools are {', '.join(s['name'] for s in SPECS)}")
+            raise FormatError(f"unknown tool {name!r}; the tools are {', '.join(s['name'] for s in self.specs)}")
         if not isinstance(arguments, dict) or set(arguments) != set(spec["parameters"]) or \
                 not all(isinstance(v, str) for v in arguments.values()):
             raise FormatError(f"{name} takes string arguments {sorted(spec['parameters'])}; got {arguments!r}"[:500])
         try:
+            if name in self.task.tools:
+                return self.run_check(self.task.tools[name]["stage"])
             return getattr(self, name)(**arguments)
         except TOOL_ERRORS as exc:
             return result(f"{name} failed: {type(exc).__name__}: {exc}", 1)
 
     def _readable(self, path: str) -> Path:
-        if path.strip() in SPEC_NAMES:
+        if path.strip() in SPEC_NAMES or path.strip() == self.task.spec:
             return self.task.root / self.task.spec
         relative = Path(path.strip())
+        task = self.task
         if relative.is_absolute():
-            raise PermissionError("give a path relative to the project, such as methods/main/solution.py or spec")
-        is_record = (relative.as_posix() == self.task.ledger
-                     or relative.parts[:2] == tuple(Path(self.task.versions_dir).parts))
-        base = self.task.root if is_record else self.worktree  # the live record is in the main checkout
-        allowed = (base / "methods").resolve()
+            raise PermissionError(f"give a path relative to the project, such as {task.candidate_dir}/solution.py or "
+                                  "spec")
+        versions = Path(task.versions_dir).parts
+        if relative.as_posix() == task.ledger:  # the live record is in the main checkout
+            return (task.root / relative).resolve()
+        if relative.parts[:len(versions)] == versions:
+            base, allowed = task.root, [task.versions_dir]
+        else:
+            base, allowed = self.worktree, [task.candidate_dir, *task.readable]
         resolved = (base / relative).resolve()
-        if not resolved.is_relative_to(allowed):
-            raise PermissionError(f"read_file({path!r}) refused: only the spec ('spec'), methods/experiment_log.md and "
-                                  "files under methods/ may be read (never the evaluator or its panels)")
+        if not any(resolved.is_relative_to((base / folder).resolve()) for folder in allowed):
+            raise PermissionError(f"read_file({path!r}) refused: only the spec ('spec'), {task.ledger}, "
+                                  f"{', '.join(f'{f}/' for f in (task.candidate_dir, task.versions_dir, *task.readable))}"
+                                  " may be read (never the evaluator, the task's adapter or its panels)")
         return resolved
 
     def read_file(self, path: str) -> dict:
@@ -211,8 +234,9 @@ class Tools:
         stage = self.evaluator.selfcheck(self.candidate)
         return result(stage.output + ("" if stage.ok else f"\n{stage.note}"), 0 if stage.ok else 1)
 
-    def run_residency_guard(self) -> dict:
-        stage = self.evaluator.residency(self.candidate)
+    def run_check(self, stage_name: str) -> dict:
+        """One of the task's checks (a tool its manifest declares) on the candidate."""
+        stage = self.evaluator.check(stage_name, self.candidate)
         return result(stage.output + ("" if stage.ok else f"\n{stage.note}"), 0 if stage.ok else 1)
 
     def run_profile(self) -> dict:
@@ -239,7 +263,8 @@ def profile_text(report: dict) -> str:
                      f"{num('gbps', '.1f'):>8} {num('roofline_fraction', '.1f', 100):>6} {num('speedup', '.3f'):>8} "
                      f"{num('host_us', '.1f'):>8} {num('gpu_us', '.1f'):>8} {stable:>6}")
     strata = ", ".join(f"{k} {'-' if v is None else f'{v:.3f}'}" for k, v in report.get("strata", {}).items())
-    lines.append(f"speedup over v0 by stratum: {strata}; copy bandwidth {report.get('copy_gbps') or '-'} GB/s")
+    lines.append(f"speedup over the baseline by stratum: {strata}; copy bandwidth {report.get('copy_gbps') or '-'} "
+                 "GB/s")
     unstable = [f"{c['case']['name']}: {c.get('stable_note') or 'unstable'}" for c in report.get("cases", [])
                 if c.get("stable") is False]
     if unstable:

@@ -178,10 +178,12 @@ def evaluate_case(task: tasks.Task, module, baseline, case, device, plan: Timing
 
 
 def run(solution: Path, panel: str, baseline_dir: Path | None = None, log=print, enforce_policy: bool = True,
-        task: tasks.Task | None = None) -> dict:
+        task: tasks.Task | None = None, progress=lambda name: None) -> dict:
     """The selfcheck report of ``solution`` on the task's panel, against ``baseline_dir`` (default: the task's
     baseline, a version or a callable). ``enforce_policy`` False (never from the command line) lets a test drive a
-    candidate that the source policy would stop into the timed path, to see how the evaluator survives it."""
+    candidate that the source policy would stop into the timed path, to see how the evaluator survives it.
+    ``progress(name)`` is told each case before it runs (the command line says it on stderr, so that a crash's last
+    words name its case)."""
     task = task or tasks.load()
     info = kh.select_device()  # before any solution imports triton
     log(info.message)
@@ -206,6 +208,7 @@ def run(solution: Path, panel: str, baseline_dir: Path | None = None, log=print,
         results = []
         log(HEADER)
         for case in cases:
+            progress(case.name)
             results.append(evaluate_case(task, module, baseline, case, info.device, plan, report["copy_gbps"]))
             log(format_row(results[-1]))
     report["cases"] = [asdict(r) for r in results]
@@ -274,7 +277,8 @@ def main(argv: list[str] | None = None, enforce_policy: bool = True) -> int:
         solution = Path(args.solution) if args.solution else task.main_dir
         resolve_solution_dir(solution)
         report = run(solution, panel, Path(args.baseline) if args.baseline else None,
-                     log=lambda line: print(line, flush=True), enforce_policy=enforce_policy, task=task)
+                     log=lambda line: print(line, flush=True), enforce_policy=enforce_policy, task=task,
+                     progress=lambda name: print(f"checking {name}", file=sys.stderr, flush=True))
     except (FileNotFoundError, ValueError, kh.SetupError) as exc:  # the user's paths or machine, not the candidate
         print(f"selfcheck: {exc}", file=sys.stderr)
         return 2

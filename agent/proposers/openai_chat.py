@@ -21,7 +21,7 @@ from openai.types.chat import ChatCompletion
 from agent.exceptions import EndpointUnavailable, FormatError, ProposerError
 from agent.prompts import render
 from agent.proposers import IterationContext
-from agent.tools import SPECS, Tools, openai_tools
+from agent.tools import Tools, openai_tools
 
 # USD per million (prompt, completion) tokens; KLOOP_PRICE_PER_MTOK="in,out" overrides (local servers: "0,0").
 PRICES: dict[str, tuple[float, float]] = {
@@ -109,12 +109,12 @@ class OpenAIProposer:
                                 {"role": "user",
                                  "content": context.prompts["task"] + "\n\n" + context.prompts["iteration"]}]
         for _ in range(self.config.max_steps):
-            message = self._complete(trim(messages, self.config.context_budget_tokens), context)
+            message = self._complete(trim(messages, self.config.context_budget_tokens), context, tools)
             calls = message.tool_calls or []
             messages.append({"role": "assistant", "content": message.content or "",
                              **({"tool_calls": [c.model_dump() for c in calls]} if calls else {})})
             if not calls:
-                messages.append({"role": "user", "content": format_error("the message called no tool")})
+                messages.append({"role": "user", "content": format_error("the message called no tool", tools)})
             for call in calls:
                 messages.append({"role": "tool", "tool_call_id": call.id,
                                  "content": self._execute(tools, call.function.name, call.function.arguments)})
@@ -125,21 +125,21 @@ class OpenAIProposer:
             parsed = json.loads(arguments or "{}")
             outcome = tools.call(name, parsed)  # submit raises Submitted, which ends the iteration
         except json.JSONDecodeError as exc:
-            return format_error(f"the arguments of {name} are not JSON ({exc})")
+            return format_error(f"the arguments of {name} are not JSON ({exc})", tools)
         except FormatError as exc:
-            return format_error(str(exc))
+            return format_error(str(exc), tools)
         output = outcome["output"]
         if len(output) > self.config.tool_output_chars:
             output = (output[: self.config.tool_output_chars // 2] + "\n[...]\n"
                       + output[-self.config.tool_output_chars // 2:])
         return f"returncode {outcome['returncode']}\n{output}"
 
-    def _complete(self, messages: list[dict], context: IterationContext):
+    def _complete(self, messages: list[dict], context: IterationContext, tools: Tools):
         delay = self.config.backoff_s
         for attempt in range(self.config.retries + 1):
             try:
                 response = self.client.chat.completions.create(model=self.config.model, messages=messages,
-                                                               tools=openai_tools(), tool_choice="auto")
+                                                               tools=openai_tools(tools.specs), tool_choice="auto")
                 if not isinstance(response, ChatCompletion) or not response.choices or \
                         response.choices[0].message is None:
                     raise BadResponse(f"not a chat completion with choices: {str(response)[:200]!r}")
@@ -169,8 +169,8 @@ class OpenAIProposer:
         return response.choices[0].message
 
 
-def format_error(error: str) -> str:
-    return render("format_error", error=error, tools=", ".join(s["name"] for s in SPECS))
+def format_error(error: str, tools: Tools) -> str:
+    return render("format_error", error=error, tools=", ".join(s["name"] for s in tools.specs))
 
 
 def trim(messages: list[dict], budget_tokens: int) -> list[dict]:

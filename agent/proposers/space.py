@@ -4,7 +4,8 @@ The space is the solution's own data, read with ``ast`` (candidate code is never
 next to the tables::
 
     SEARCH_SPACE = {
-        "knobs": {"KNOB": {"values": [...], "reason": "one line", "unmeasured": [...]}, ...},
+        "knobs": {"KNOB": {"values": [...], "reason": "one line", "unmeasured": [...]},
+                  "OTHER": {"values": [...], "reason": {"up": "one line", "down": "one line"}}, ...},
         "only_when": {"KNOB": [{"OTHER": [values that let KNOB matter], ...}, ...]},
         "refused": [{"when": {"KNOB": [values], ...}, "reason": "..."}],
         "device_bound": {"KNOB": "up" | "down"},
@@ -12,9 +13,11 @@ next to the tables::
 
 - ``knobs`` (required, non-empty): the knobs to search, in the order to try them. ``values`` is a non-empty list of
   distinct literals (numbers, strings, True/False, None) in order (a move goes to a neighbouring value of this
-  list); ``reason`` is the one-line hypothesis a move of this knob tests; ``unmeasured`` (optional) names those of
-  ``values`` not yet measured on a GPU, which a proposal says. A knob is never a tier's range key (``N_MIN``,
-  ``N_MAX``, ``K_MIN``, ``K_MAX``).
+  list); ``reason`` is the one-line hypothesis a move of this knob tests: a string for moves either way, or
+  ``{"up": "...", "down": "..."}``, the hypothesis of a move toward later values of the list ("up") and of one toward
+  earlier values ("down"); a move quotes the reason of its direction. ``unmeasured`` (optional) names those of
+  ``values`` not yet measured on a GPU, which a proposal says. A knob is never a tier's range key (``<DIM>_MIN`` or
+  ``<DIM>_MAX`` of a dimension the task's tiers key on: ``range_keys``).
 - ``only_when`` (optional): for a declared knob, a non-empty list of alternatives ``{"OTHER": [values], ...}``; the
   knob matters (is worth moving) only where one alternative holds on the values a shape takes.
 - ``refused`` (optional): combinations that the solution's ``plan()`` refuses, each with its reason; no proposal
@@ -29,7 +32,7 @@ Conditions name declared knobs or keys of ``get_config()``'s dict. Plain data on
 
 Without ``SEARCH_SPACE``, the space is the generic one of Triton's launch knobs among the keys ``get_config()``
 returns: each ``BLOCK_SIZE_*`` whose value is an int literal (16 to 256, powers of two), ``num_warps`` and
-``num_stages``.
+``num_stages``, each with a reason per direction.
 """
 from __future__ import annotations
 
@@ -37,19 +40,32 @@ import ast
 import copy
 import math
 import operator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from agent.exceptions import ProposerError
 
-RANGE_KEYS = ("N_MIN", "N_MAX", "K_MIN", "K_MAX")  # a tier's range is the TIERS protocol, never a knob
 DIRECTIONS = ("up", "down")  # along a knob's declared values: toward later ones, toward earlier ones
+
+
+def range_keys(dims: Iterable[str]) -> tuple[str, ...]:
+    """The keys of a tier's range (the TIERS protocol, never a knob) for the case dimensions tiers key on (a task's
+    ``tier_dims``, in order): ``<DIM>_MIN`` and ``<DIM>_MAX`` of each."""
+    return tuple(f"{dim.upper()}_{end}" for dim in dims for end in ("MIN", "MAX"))
 
 
 @dataclass(frozen=True)
 class Knob:
     values: tuple
-    reason: str
+    up: str
+    """The hypothesis a move toward later values of ``values`` tests."""
+    down: str
+    """The hypothesis a move toward earlier values tests."""
     unmeasured: tuple = ()
+
+    def reason(self, direction: str) -> str:
+        """The hypothesis of a move in ``direction`` ("up" or "down")."""
+        return self.up if direction == "up" else self.down
 
 
 @dataclass(frozen=True)
@@ -62,11 +78,13 @@ class Space:
 
 # Triton launch knowledge, for a solution that declares no space; its own switches are for it to declare.
 BLOCK_VALUES = (16, 32, 64, 128, 256)  # tl.dot needs at least 16 along each dimension
-BLOCK_REASON = "a larger {} tile reuses each load across more outputs; a smaller one makes more programs for the SMs"
+BLOCK_UP = "a larger {} tile reuses each load across more outputs"
+BLOCK_DOWN = "a smaller {} tile makes more programs for the SMs"
 LAUNCH_KNOBS = {
-    "num_warps": Knob((2, 4, 8), "more warps per program hide load latency; fewer leave each thread more registers"),
-    "num_stages": Knob((2, 3, 4, 5), "a deeper pipeline keeps more loads in flight; a shallower one leaves shared "
-                                     "memory for more resident programs"),
+    "num_warps": Knob((2, 4, 8), "more warps per program hide load latency",
+                      "fewer warps per program leave each thread more registers"),
+    "num_stages": Knob((2, 3, 4, 5), "a deeper pipeline keeps more loads in flight",
+                       "a shallower pipeline leaves shared memory for more resident programs"),
 }
 
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.LShift: operator.lshift}
@@ -112,19 +130,20 @@ def find_get_config(tree: ast.Module) -> tuple[ast.FunctionDef, ast.Dict]:
     return function, returned
 
 
-def read_space(source: str) -> Space:
+def read_space(source: str, ranges: Iterable[str]) -> Space:
     """The solution's SEARCH_SPACE, checked (ProposerError says what is wrong and where), or the generic space of
-    Triton's launch knobs for the keys get_config() returns."""
+    Triton's launch knobs for the keys get_config() returns. ``ranges`` are the tier range keys no knob may be (the
+    task's: ``range_keys(task.tier_dims)``)."""
     tree = ast.parse(source)
     returned = find_get_config(tree)[1]
     general = {key.value: value for key, value in zip(returned.keys, returned.values)}  # key -> its value's node
     node = assigned(tree, "SEARCH_SPACE")
     if node is None:
-        return Space({k: LAUNCH_KNOBS.get(k) or Knob(BLOCK_VALUES, BLOCK_REASON.format(k)) for k, v in general.items()
-                      if k in LAUNCH_KNOBS or k.startswith("BLOCK_SIZE_") and _int_literal(v)})
+        return Space({k: LAUNCH_KNOBS.get(k) or Knob(BLOCK_VALUES, BLOCK_UP.format(k), BLOCK_DOWN.format(k))
+                      for k, v in general.items() if k in LAUNCH_KNOBS or k.startswith("BLOCK_SIZE_") and _int_literal(v)})
     space = _plain_data(node)
     _dict("", space, ("knobs",), ("only_when", "refused", "device_bound"))
-    knobs = _knobs(space["knobs"])
+    knobs = _knobs(space["knobs"], tuple(ranges))
     names = set(knobs) | set(general)
     only_when = _only_when(space.get("only_when", {}), knobs, names)
     return Space(knobs, only_when, _refused(space.get("refused", []), names),
@@ -150,23 +169,33 @@ def _plain_data(node: ast.AST) -> object:
                             f"int arithmetic such as 1 << 40): {exc}") from None
 
 
-def _knobs(declared_knobs: object) -> dict[str, Knob]:
+def _knobs(declared_knobs: object, ranges: tuple[str, ...]) -> dict[str, Knob]:
     if not isinstance(declared_knobs, dict) or not declared_knobs:
         raise _fail("knobs", 'must be a non-empty dict {"KNOB": {"values": [...], "reason": "..."}, ...}')
     knobs = {}
     for name, declared in declared_knobs.items():
         where = f"knobs[{name!r}]"
-        if not isinstance(name, str) or name in RANGE_KEYS:
-            raise _fail(where, f"is not a knob name (a string other than the tier range keys {', '.join(RANGE_KEYS)})")
+        if not isinstance(name, str) or name in ranges:
+            raise _fail(where, f"is not a knob name (a string other than the tier range keys {', '.join(ranges)})")
         _dict(where, declared, ("values", "reason"), ("unmeasured",))
         values = _values(f"{where}['values']", declared["values"])
-        if not isinstance(declared["reason"], str) or not declared["reason"].strip():
-            raise _fail(f"{where}['reason']", f"must be a non-empty string (the hypothesis) not {declared['reason']!r}")
+        up, down = _reasons(f"{where}['reason']", declared["reason"])
         unmeasured = _values(f"{where}['unmeasured']", declared["unmeasured"]) if "unmeasured" in declared else ()
         if any(v not in values for v in unmeasured):
             raise _fail(f"{where}['unmeasured']", f"must hold only its values {list(values)}, not {list(unmeasured)}")
-        knobs[name] = Knob(values, declared["reason"].strip(), unmeasured)
+        knobs[name] = Knob(values, up, down, unmeasured)
     return knobs
+
+
+def _reasons(where: str, reason: object) -> tuple[str, str]:
+    """A knob's reason as (up, down): one string for both directions, or a dict of both."""
+    if isinstance(reason, dict) and set(reason) == set(DIRECTIONS) and all(
+            isinstance(reason[d], str) and reason[d].strip() for d in DIRECTIONS):
+        return reason["up"].strip(), reason["down"].strip()
+    if isinstance(reason, str) and reason.strip():
+        return reason.strip(), reason.strip()
+    raise _fail(where, f'must be a non-empty string (the hypothesis of a move either way) or {{"up": "...", "down": '
+                       f'"..."}} (toward later values, toward earlier ones), each non-empty; not {reason!r}')
 
 
 def _only_when(only_when: object, knobs: dict[str, Knob], names: set[str]) -> dict[str, list[dict[str, list]]]:

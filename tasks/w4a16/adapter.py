@@ -348,3 +348,73 @@ def make_panel(seed: int, per_stratum: int, strata: dict[str, dict], visible: li
             seeds.add(case_seed)
             cases.append(asdict(Case(stratum, m, k, n, epilogue, case_seed)))
     return {"note": f"sealed panel drawn with seed {seed}; never give it to the agent", "cases": cases}
+
+
+# ----------------------------------------------------------------------------------------------------- measuring tools
+# What evals/profile.py, evals/bench.py and evals/qualify.py take from a task beyond the interface (each optional
+# there): FLOOR_OUTPUT_SHAPE, flop(case), PEERS and skipped_peers().
+FLOOR_OUTPUT_SHAPE = (32, 8192)
+"""The output (OUTPUT_DTYPE) that one call of bench's host floors and of qualify's synthetic callable allocates: the
+visible panel's largest M with its commonest N (an allocation's host cost barely depends on its size)."""
+
+
+def flop(case: Case) -> int:
+    """Floating-point operations of one call: 2 M K N (the matmul; the epilogue's are negligible beside it)."""
+    return 2 * case.m * case.k * case.n
+
+
+def _torch_act(z: torch.Tensor, epilogue: str) -> torch.Tensor:
+    return torch.nn.functional.silu(z) if epilogue == "silu" else torch.nn.functional.gelu(z, approximate="tanh")
+
+
+def _peer_dequant_addmm(weights: dict, case: Case):
+    qweight, scales, bias, epilogue = (weights[name] for name in ("qweight", "scales", "bias", "epilogue"))
+
+    def fn(x, residual):
+        w = dequantize(qweight, scales, torch.float16)  # transient: allowed, but a full pass per call
+        return _torch_act(torch.addmm(bias, x, w), epilogue) + residual
+
+    return fn
+
+
+def _peer_dense_fp16(weights: dict, case: Case):
+    bias, epilogue = weights["bias"], weights["epilogue"]
+    w = dequantize(weights["qweight"], weights["scales"], torch.float16)  # kept: breaks residency, a reference only
+
+    def fn(x, residual):
+        return _torch_act(torch.addmm(bias, x, w), epilogue) + residual
+
+    return fn
+
+
+def _peer_tinygemm(weights: dict, case: Case):
+    scales, epilogue = weights["scales"], weights["epilogue"]
+    codes = unpack_int4(weights["qweight"]).t().contiguous().int()  # (N, K), 0..15
+    packed = (codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8)
+    weight = torch._convert_weight_to_int4pack(packed, 8)
+    # tinygemm dequantizes (q - 8) * scale + zero
+    scale_zero = torch.stack([scales.bfloat16(), torch.zeros_like(scales, dtype=torch.bfloat16)], dim=2).contiguous()
+    bias_f32 = weights["bias"].float()  # bias in fp32: the row's error is tinygemm's bf16 alone, none added here
+
+    def fn(x, residual):
+        z = torch._weight_int4pack_mm(x.bfloat16(), weight, GROUP_SIZE, scale_zero).float() + bias_f32
+        return (_torch_act(z, epilogue) + residual.float()).half()
+
+    return fn
+
+
+PEERS = {
+    "torch dequant+addmm": (_peer_dequant_addmm, "allowed peer"),
+    "dense fp16 torch": (_peer_dense_fp16, "NOT allowed: keeps a dense fp16 weight"),
+    "torch _weight_int4pack_mm": (_peer_tinygemm,
+                                  "tinygemm, bf16 activations and weights (the fp32 bound is not expected)"),
+}
+"""make bench's peers: ``{name: (builder(weights, case) -> callable(*inputs), note)}``; the note says whether the peer
+keeps to the rules of tasks/w4a16/spec.md (residency). A builder that fails on this torch is a row with its error."""
+
+
+def skipped_peers() -> list[str]:
+    """The peers make bench cannot run here, one line each for its log. gemlite is one whether installed or not: its
+    API varies across releases; wire it into PEERS (found with importlib.util.find_spec, not imported, since an import
+    runs its module-level setup) when a pinned version is available."""
+    return ["gemlite: not installed (or not wired for this version); skipped"]
