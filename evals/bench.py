@@ -1,36 +1,39 @@
-"""Benchmark: v0, main and the peers on the visible panel against the floors measured in the same process.
+"""Benchmark: the task's baseline, main and peers on its visible panel against floors measured in the same process.
 
-    .venv/bin/python -m evals.bench [--panel visible|FILE] [--solutions methods/versions/v0 methods/main] [--no-peers]
+    .venv/bin/python -m evals.bench [--task NAME|DIR] [--panel visible|FILE] [--solutions DIR ...] [--no-peers]
                                     [--json OUT]
 
-Per case: the HBM roofline (the case's bytes at the measured copy bandwidth), the GPU floor (4 us of fixed kernel
-cost + that roofline) and two host floors (torch.empty + one launch through Triton's JIT dispatch; the same through
-the already-compiled kernel's launcher). Then per implementation: eager latency under the verifier's protocol
-(8,192 untimed calls, 11 groups of 512 timed with CUDA events; the peers, which are slow, get 512 untimed calls and
-11 groups of 64), GPU time by CUDA-graph replay with the L2 hot and with the L2 flushed before every replay (seed
-002's dual qualification), the host cost per call with the GPU kept busy (``host_us``, evals/stability.py: eager time
-near it means host-bound), eager over the larger of the case's floors (``x_floor``: the compiled-launch host floor or
-the GPU floor, whichever binds; 1.0 would be at that bound), the board's power, SM clock and energy per call over a
-second of back-to-back calls (evals/power.py: a row whose note says power-capped ran at the board's power limit with
-its SM clock lowered, so its eager time is near the power bound, not the bandwidth bound), and correctness on normal
-inputs. Peers: torch dequantize +
-addmm (allowed), a dense fp16 torch reference (NOT allowed by the residency contract: it keeps the dequantized
-weight), torch._weight_int4pack_mm (tinygemm; bf16 activations, so labelled) and gemlite when installed. Needs CUDA.
+The solutions default to the task's baseline version and its main (W4A16: methods/versions/v0 and methods/main); a
+task whose baseline is a callable has that callable timed as a row of its own (note "baseline"). Per case: the HBM
+roofline (the case's bytes, the adapter's ``bytes_moved``, at the measured copy bandwidth), the GPU floor (4 us of
+fixed kernel cost + that roofline) and two host floors (torch.empty of one output + one launch through Triton's JIT
+dispatch; the same through the already-compiled kernel's launcher; the output is the adapter's FLOOR_OUTPUT_SHAPE of
+its OUTPUT_DTYPE, else the panel's largest output). Then per implementation: eager latency under the verifier's
+protocol (8,192 untimed calls, 11 groups of 512 timed with CUDA events; the peers, which are slow, get 512 untimed
+calls and 11 groups of 64), GPU time by CUDA-graph replay with the L2 hot and with the L2 flushed before every replay
+(seed 002's dual qualification), the host cost per call with the GPU kept busy (``host_us``, evals/stability.py: eager
+time near it means host-bound), eager over the larger of the case's floors (``x_floor``: the compiled-launch host
+floor or the GPU floor, whichever binds; 1.0 would be at that bound), the board's power, SM clock and energy per call
+over a second of back-to-back calls (evals/power.py: a row whose note says power-capped ran at the board's power limit
+with its SM clock lowered, so its eager time is near the power bound, not the bandwidth bound), and correctness on
+normal inputs (the adapter's reference and check). Peers: the adapter's optional ``PEERS``, ``{name: (builder(weights,
+case) -> callable, note)}`` (the note says whether the peer keeps to the task's rules), and ``skipped_peers()``, one
+log line per peer it cannot run here; W4A16's are in tasks/w4a16/adapter.py. Needs CUDA.
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
+import math
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from evals import kernel_harness as kh
 from evals import power, stability
+from evals import task as tasks
 from evals.loader import load_solution, resolve_solution_dir
 from evals.selfcheck import error_line
 
@@ -58,66 +61,15 @@ class Row:
     error: str | None = None
 
 
-# ------------------------------------------------------------------------------------------------ peers
-def torch_act(z: torch.Tensor, epilogue: str) -> torch.Tensor:
-    return F.silu(z) if epilogue == "silu" else F.gelu(z, approximate="tanh")
-
-
-def build_dequant_addmm(qweight, scales, bias, epilogue):
-    def fn(x, residual):
-        w = kh.dequantize(qweight, scales, torch.float16)  # transient: allowed, but a full pass per call
-        return torch_act(torch.addmm(bias, x, w), epilogue) + residual
-
-    return fn
-
-
-def build_dense_fp16(qweight, scales, bias, epilogue):
-    w = kh.dequantize(qweight, scales, torch.float16)  # kept: breaks the residency contract, a reference only
-
-    def fn(x, residual):
-        return torch_act(torch.addmm(bias, x, w), epilogue) + residual
-
-    return fn
-
-
-def build_tinygemm(qweight, scales, bias, epilogue):
-    codes = kh.unpack_int4(qweight).t().contiguous().int()  # (N, K), 0..15
-    packed = (codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8)
-    weight = torch._convert_weight_to_int4pack(packed, 8)
-    # tinygemm dequantizes (q - 8) * scale + zero
-    scale_zero = torch.stack([scales.bfloat16(), torch.zeros_like(scales, dtype=torch.bfloat16)], dim=2).contiguous()
-    bias_f32 = bias.float()  # bias in fp32: the row's error is tinygemm's bf16 alone, none added here
-
-    def fn(x, residual):
-        z = torch._weight_int4pack_mm(x.bfloat16(), weight, kh.GROUP_SIZE, scale_zero).float() + bias_f32
-        return (torch_act(z, epilogue) + residual.float()).half()
-
-    return fn
-
-
-def gemlite_builder():
-    # found, not imported: an import would run gemlite's module-level setup for a peer that is not wired yet
-    if importlib.util.find_spec("gemlite") is None:
-        return None
-    return None  # gemlite's API varies across releases; wire it here when a pinned version is available
-
-
-PEERS = {
-    "torch dequant+addmm": (build_dequant_addmm, "allowed peer"),
-    "dense fp16 torch": (build_dense_fp16, "NOT allowed: keeps a dense fp16 weight"),
-    "torch _weight_int4pack_mm": (build_tinygemm,
-                                  "tinygemm, bf16 activations and weights (the fp32 bound is not expected)"),
-}
-
-
 # ------------------------------------------------------------------------------------------------ timing
 def eager_us(fn, inputs, untimed: int, groups: int, per_group: int) -> float:
     times = kh.time_groups(fn, inputs, groups, per_group, warmup=untimed)
     return kh.median(times)
 
 
-def graph_us(fn, x, residual, flush: torch.Tensor | None, replays: int = 50) -> float:
-    """Median GPU time of one call replayed from a CUDA graph; with ``flush``, the L2 is evicted before each.
+def graph_us(fn, inputs: tuple, flush: torch.Tensor | None, replays: int = 50) -> float:
+    """Median GPU time of one call (on the call inputs ``inputs``) replayed from a CUDA graph; with ``flush``, the L2
+    is evicted before each.
 
     The events bracket the replay alone (the flush and a spin kernel run before the start event), and the spin keeps
     the GPU busy while the host enqueues, so that the time is the graph's GPU time, not the host's launch latency."""
@@ -125,11 +77,11 @@ def graph_us(fn, x, residual, flush: torch.Tensor | None, replays: int = 50) -> 
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(3):
-            fn(x, residual)
+            fn(*inputs)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn(x, residual)
+        fn(*inputs)
     times = []
     for _ in range(replays):
         if flush is not None:
@@ -145,8 +97,18 @@ def graph_us(fn, x, residual, flush: torch.Tensor | None, replays: int = 50) -> 
     return kh.median(times)
 
 
-def host_floors(device: torch.device) -> dict:
-    """torch.empty + one launch of a one-store Triton kernel: through the JIT dispatch, then the compiled launcher."""
+def floor_output(task: tasks.Task, cases: list) -> tuple[tuple[int, ...], torch.dtype]:
+    """The output one call allocates in the host floors (and in evals.qualify's synthetic callable): the adapter's
+    FLOOR_OUTPUT_SHAPE where it has one, else the largest output of ``cases``; of the task's OUTPUT_DTYPE."""
+    shape = getattr(task.adapter, "FLOOR_OUTPUT_SHAPE", None)
+    if shape is None:
+        shape = max((tuple(task.adapter.output_shape(case)) for case in cases), key=lambda s: (math.prod(s), s))
+    return tuple(shape), task.adapter.OUTPUT_DTYPE
+
+
+def host_floors(device: torch.device, shape: tuple[int, ...], dtype: torch.dtype) -> dict:
+    """torch.empty of an output (``shape``, ``dtype``) + one launch of a one-store Triton kernel: through the JIT
+    dispatch, then the compiled launcher."""
     import triton
     import triton.language as tl
 
@@ -160,11 +122,11 @@ def host_floors(device: torch.device) -> dict:
     inputs = [(probe,)]
 
     def jit_call(_):
-        out = torch.empty((32, 8192), dtype=torch.float16, device=device)
+        out = torch.empty(shape, dtype=dtype, device=device)
         one_store[(1,)](out)
 
     def compiled_call(_):
-        out = torch.empty((32, 8192), dtype=torch.float16, device=device)
+        out = torch.empty(shape, dtype=dtype, device=device)
         launch(out)
 
     return {"jit_launch_us": eager_us(jit_call, inputs, 2048, 11, 512),
@@ -177,32 +139,61 @@ def floor_ratio(eager_us: float | None, gpu_floor_us: float, host_floor_us: floa
     return None if eager_us is None else eager_us / max(gpu_floor_us, host_floor_us)
 
 
-def bench_impl(name: str, note: str, build, case: kh.Case, weights, inputs, copy_gbps: float, flush, full: bool) -> Row:
+def bench_impl(task: tasks.Task, name: str, note: str, build, case, problem: tasks.Problem, inputs: list[tuple],
+               copy_gbps: float, flush, full: bool, device: torch.device) -> Row:
+    """One implementation on one case: ``build(weights, case)`` gives its callable; checked on ``problem``'s own call
+    inputs, then timed on ``inputs``."""
+    adapter = task.adapter
     row = Row(case.name, name, note)
     try:
-        fn = build(weights.qweight, weights.scales, weights.bias, case.epilogue)
-        ref = kh.reference(weights.x, weights.qweight, weights.scales, weights.bias, weights.residual, case.epilogue)
-        row.correct = kh.check_output(fn(weights.x, weights.residual), ref, (case.m, case.n)).ok
+        fn = build(problem.weights, case)
+        ref = adapter.reference(problem.weights, problem.inputs, case)
+        row.correct = adapter.check_output(fn(*problem.inputs), ref, case).ok
         row.eager_us = eager_us(fn, inputs, *((8192, 11, 512) if full else (512, 11, 64)))
-        row.graph_hot_us = graph_us(fn, *inputs[0], None)
-        row.graph_flushed_us = graph_us(fn, *inputs[0], flush)
-        row.flushed_copy_fraction = case.bytes_moved() / row.graph_flushed_us / 1e3 / copy_gbps
-        found = stability.probe(fn, inputs, weights.x.device)
+        row.graph_hot_us = graph_us(fn, inputs[0], None)
+        row.graph_flushed_us = graph_us(fn, inputs[0], flush)
+        row.flushed_copy_fraction = adapter.bytes_moved(case) / row.graph_flushed_us / 1e3 / copy_gbps
+        found = stability.probe(fn, inputs, device)
         row.host_us, row.gpu_us = found["host_us"], found["gpu_us"]
         # last: its second of back-to-back calls would leave the columns above timed on a board at its power limit
-        row.power = power.probe(fn, inputs, weights.x.device, row.eager_us)
+        row.power = power.probe(fn, inputs, device, row.eager_us)
     except Exception as exc:  # a peer that does not run on this torch is a row with its error, not a failed bench
         row.error = error_line(exc, 160)
     return row
 
 
-def run(panel: str, solutions: list[Path], log=print, peers: bool = True) -> dict:
+def implementations(task: tasks.Task, solutions: list[Path], peers: bool, log=print) -> list[tuple]:
+    """``(name, note, builder(weights, case) -> callable, full)`` per row: our solutions (note "ours", the full eager
+    schedule), the task's callable baseline where it has one (note "baseline"), then with ``peers`` the adapter's
+    PEERS (the short schedule: peers are slow)."""
+    impls = []
+    for path in solutions:
+        module = load_solution(path, entry=task.entry)
+        impls.append((path.name, "ours", lambda weights, case, module=module: task.build(module, weights), True))
+    if task.baseline_dir is None:
+        impls.append((task.manifest["baseline"]["callable"], "baseline", task.build_baseline, True))
+    if peers:
+        impls += [(name, note, build, False) for name, (build, note) in getattr(task.adapter, "PEERS", {}).items()]
+        for line in getattr(task.adapter, "skipped_peers", list)():
+            log(line)
+    else:
+        log("peers: not run (--no-peers)")
+    return impls
+
+
+def run(panel: str, solutions: list[Path] | None = None, log=print, peers: bool = True,
+        task: tasks.Task | None = None) -> dict:
+    """The bench of ``solutions`` (default: the task's baseline version, if it has one, and its main)."""
+    task = task or tasks.load()
+    if solutions is None:
+        solutions = [path for path in (task.baseline_dir, task.main_dir) if path is not None]
     info = kh.select_device()
     if info.device.type != "cuda":
         raise RuntimeError("the benchmark needs a CUDA GPU (" + info.message + ")")
     log(info.message)
+    panel_cases = task.cases(panel)
     copy_gbps = kh.copy_bandwidth_gbps(info.device)
-    floors = host_floors(info.device)
+    floors = host_floors(info.device, *floor_output(task, panel_cases))
     log(f"copy bandwidth {copy_gbps:.0f} GB/s; host floors: JIT launch {floors['jit_launch_us']:.2f} us, "
         f"compiled launch {floors['compiled_launch_us']:.2f} us")
     try:
@@ -212,30 +203,24 @@ def run(panel: str, solutions: list[Path], log=print, peers: bool = True) -> dic
     except power.PowerUnavailable as exc:
         board_info = {"note": f"not measured: {exc}"}
         log(f"power: not measured ({exc})")
-    impls = [(p.name, "ours", load_solution(p).build, True) for p in solutions]
-    if peers:
-        impls += [(name, note, build, False) for name, (build, note) in PEERS.items()]
-        if gemlite_builder() is None:
-            log("gemlite: not installed (or not wired for this version); skipped")
-    else:
-        log("peers: not run (--no-peers)")
+    impls = implementations(task, solutions, peers, log)
     flush = torch.zeros(FLUSH_BYTES, dtype=torch.uint8, device=info.device)
     cases = []
-    for case in kh.load_panel(panel):
-        weights = kh.generate(case, "normal", info.device)
-        inputs = kh.make_inputs(case, 16, seed=5, device=info.device)
-        roofline_us = case.bytes_moved() / copy_gbps / 1e3
+    for case in panel_cases:
+        problem = task.adapter.generate(case, "normal", info.device)
+        inputs = task.adapter.make_inputs(case, 16, seed=5, device=info.device)
+        roofline_us = task.adapter.bytes_moved(case) / copy_gbps / 1e3
         gpu_floor = FIXED_KERNEL_US + roofline_us
         target = 1.5 * max(gpu_floor, floors["compiled_launch_us"])  # the larger floor binds
-        rows = [bench_impl(name, note, build, case, weights, inputs, copy_gbps, flush, full)
+        rows = [bench_impl(task, name, note, build, case, problem, inputs, copy_gbps, flush, full, info.device)
                 for name, note, build, full in impls]
         for row in rows:
             row.floor_ratio = floor_ratio(row.eager_us, gpu_floor, floors["compiled_launch_us"])
         cases.append({"case": kh.case_dict(case), "roofline_us": roofline_us, "gpu_floor_us": gpu_floor,
                       "target_us": target, "rows": [asdict(r) for r in rows]})
         log(format_case(cases[-1]))
-    return {"device": info.name, "copy_gbps": copy_gbps, "host_floors": floors, "power": board_info,
-            "panel": str(panel), "cases": cases}
+    return {"task": task.name, "device": info.name, "copy_gbps": copy_gbps, "host_floors": floors,
+            "power": board_info, "panel": str(panel), "cases": cases}
 
 
 def format_case(entry: dict) -> str:
@@ -263,17 +248,20 @@ def format_case(entry: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=".venv/bin/python -m evals.bench", description=__doc__.split("\n")[0])
+    tasks.add_argument(parser)
     parser.add_argument("--panel", help="visible, smoke or a panel JSON file (default: visible with CUDA, else "
                                         "smoke); bench needs CUDA")
-    parser.add_argument("--solutions", nargs="+", default=["methods/versions/v0", "methods/main"],
-                        help="our solutions to time")
+    parser.add_argument("--solutions", nargs="+",
+                        help="our solutions to time (default: the task's baseline version and its main)")
     parser.add_argument("--no-peers", action="store_true",
                         help="time our solutions only (the peers take minutes: a dequantizing peer is ~1 ms a call)")
     parser.add_argument("--json", help="write the full report here")
     args = parser.parse_args(argv)
     try:
-        report = run(args.panel or kh.default_panel(), [resolve_solution_dir(s) for s in args.solutions],
-                     log=lambda line: print(line, flush=True), peers=not args.no_peers)
+        task = tasks.load(args.task)
+        solutions = [resolve_solution_dir(s) for s in args.solutions] if args.solutions else None
+        report = run(args.panel or kh.default_panel(), solutions, log=lambda line: print(line, flush=True),
+                     peers=not args.no_peers, task=task)
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2

@@ -1,18 +1,20 @@
 """Profiler feedback for a solution: where each case stands against the GPU's measured ceilings, and why.
 
-    .venv/bin/python -m evals.profile --solution DIR [--panel visible|smoke|FILE] [--ncu] [--overrides JSON]
-                                      [--json OUT]
+    .venv/bin/python -m evals.profile [--task NAME|DIR] [--solution DIR] [--panel visible|smoke|FILE] [--ncu]
+                                      [--overrides JSON] [--json OUT]
 
-Per case: median latency; the bytes the case must move and the achieved GB/s as a fraction of the measured copy
-bandwidth; FLOP and the fraction of the measured fp16 matmul rate; host time per call against GPU time per call
-(the launch-overhead share); the kernels one call launches with their grids against the SM count and their
-registers and shared memory (torch.profiler); each Triton kernel's registers and spills (Triton's compiled-kernel
-metadata); with --ncu, where Nsight Compute works, the main kernel's DRAM, L2 and L1 throughput, achieved and
-theoretical occupancy, issue activity, registers, shared memory and top stall reasons; the board's power, SM clock
-and energy per call over a second of back-to-back calls (evals/power.py). Then a bottleneck label with the evidence
-behind it ("power-capped" where the board sat at its power limit with its SM clock lowered). ``--overrides JSON``
-passes tuning overrides to a family's ``build(..., config=)``. The two ceilings are measured once per device and
-cached in ~/.cache/kloop/. Without a GPU it says so and reports the static numbers (bytes, FLOP).
+Per case of the task's panel: median latency; the bytes the case must move (the adapter's ``bytes_moved``) and the
+achieved GB/s as a fraction of the measured copy bandwidth; FLOP (the adapter's ``flop``, where it has one) and the
+fraction of the measured fp16 matmul rate; host time per call against GPU time per call (the launch-overhead share);
+the kernels one call launches with their grids against the SM count and their registers and shared memory
+(torch.profiler); each Triton kernel's registers and spills (Triton's compiled-kernel metadata); with --ncu, where
+Nsight Compute works, the main kernel's DRAM, L2 and L1 throughput, achieved and theoretical occupancy, issue
+activity, registers, shared memory and top stall reasons; the board's power, SM clock and energy per call over a
+second of back-to-back calls (evals/power.py). Then a bottleneck label with the evidence behind it ("power-capped"
+where the board sat at its power limit with its SM clock lowered). ``--solution`` defaults to the task's main;
+``--overrides JSON`` passes tuning overrides to a family's entry point as ``config=`` (``task.build``). The two
+ceilings are measured once per device and cached in ~/.cache/kloop/. Without a GPU it says so and reports the static
+numbers (bytes, FLOP).
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ import torch
 
 from evals import kernel_harness as kh
 from evals import power, stability
+from evals import task as tasks
 from evals.loader import load_solution, resolve_solution_dir, unload_solution
 from evals.selfcheck import CANDIDATE_ERRORS, error_record
 
@@ -74,7 +77,7 @@ class KernelLaunch:
 class CaseProfile:
     case: dict
     bytes: int
-    flop: int
+    flop: int | None  # None where the task's adapter gives no flop(case)
     median_us: float | None = None
     gbps: float | None = None
     copy_fraction: float | None = None
@@ -175,14 +178,14 @@ def label(p: CaseProfile, sm_count: int) -> tuple[str, str]:
                             f"{programs} programs on {sm_count} SMs")
 
 
-def run_ncu(solution: Path, case: kh.Case, kernel: str, overrides: dict | None = None) -> dict:
+def run_ncu(task: tasks.Task, solution: Path, case, kernel: str, overrides: dict | None = None) -> dict:
     """Kernel ``kernel`` (a name as torch.profiler gives it: the call's longest) under Nsight Compute in a child
     process, its fourth launch of five calls: DRAM, L2 and L1 throughput, achieved and theoretical occupancy, issue
     activity, registers and shared memory, and the top stall reasons."""
     if shutil.which("ncu") is None:
         return {"available": False, "reason": "ncu is not on PATH"}
-    target = [sys.executable, "-m", "evals.profile", "--solution", str(solution), "--ncu-target",
-              json.dumps(asdict(case))] + (["--overrides", json.dumps(overrides)] if overrides else [])
+    target = [sys.executable, "-m", "evals.profile", "--task", str(task.folder), "--solution", str(solution),
+              "--ncu-target", json.dumps(asdict(case))] + (["--overrides", json.dumps(overrides)] if overrides else [])
     # only this kernel's launches count: building and the inputs launch kernels of their own first
     command = ["ncu", "--clock-control", "none", "--csv", "--page", "raw", "--kernel-name-base", "function",
                "--kernel-name", ncu_kernel_filter(kernel), "--launch-skip", "3", "--launch-count", "1",
@@ -239,25 +242,33 @@ def parse_ncu_raw(text: str) -> dict | None:
     return summary if any(v is not None for k, v in summary.items() if k in NCU_METRICS) else None
 
 
-def profile_case(solution: Path, case: kh.Case, device: torch.device, rates: dict | None, use_ncu: bool,
+def case_flop(task: tasks.Task, case) -> int | None:
+    """The FLOP of one call, where the task's adapter counts them (``flop(case)``); else None."""
+    flop = getattr(task.adapter, "flop", None)
+    return None if flop is None else flop(case)
+
+
+def profile_case(task: tasks.Task, solution: Path, case, device: torch.device, rates: dict | None, use_ncu: bool,
                  overrides: dict | None = None) -> CaseProfile:
-    p = CaseProfile(case=kh.case_dict(case), bytes=case.bytes_moved(), flop=2 * case.m * case.k * case.n)
+    p = CaseProfile(case=kh.case_dict(case), bytes=task.adapter.bytes_moved(case), flop=case_flop(task, case))
     if rates is None:
-        p.bottleneck, p.evidence = "unknown", (f"no GPU: {p.bytes:,} bytes and {p.flop:,} FLOP per call; latency, "
+        flop = "" if p.flop is None else f" and {p.flop:,} FLOP"
+        p.bottleneck, p.evidence = "unknown", (f"no GPU: {p.bytes:,} bytes{flop} per call; latency, "
                                                 "bandwidth and kernel data need CUDA")
         return p
     module = None
     try:
-        module = load_solution(solution)
-        t = kh.generate(case, "normal", device)
-        fn = build(module, t, case, overrides)
-        inputs = kh.make_inputs(case, 16, seed=4, device=device)
+        module = load_solution(solution, entry=task.entry)
+        problem = task.adapter.generate(case, "normal", device)
+        fn = build(task, module, problem.weights, overrides)
+        inputs = task.adapter.make_inputs(case, 16, seed=4, device=device)
         times = kh.time_groups(fn, inputs, groups=11, calls_per_group=256, warmup=256)
         p.median_us = kh.median(times)
         p.gbps = p.bytes / p.median_us / 1e3
         p.copy_fraction = p.gbps / rates["copy_gbps"]
-        p.tflops = p.flop / p.median_us / 1e6
-        p.matmul_fraction = p.tflops / rates["matmul_tflops"]
+        if p.flop is not None:
+            p.tflops = p.flop / p.median_us / 1e6
+            p.matmul_fraction = p.tflops / rates["matmul_tflops"]
         p.host_us_per_call = stability.probe(fn, inputs, device)["host_us"]  # the GPU kept busy: no wait in it
         p.power = power.probe(fn, inputs, device, p.median_us)
         p.kernels = profile_kernels(fn, inputs, PROFILED_CALLS)
@@ -266,7 +277,7 @@ def profile_case(solution: Path, case: kh.Case, device: torch.device, rates: dic
         p.triton_kernels = triton_kernels(module)
         if use_ncu:
             longest = max(p.kernels, key=lambda k: k.gpu_us * k.calls_per_call, default=None)
-            p.ncu = (run_ncu(solution, case, longest.name, overrides) if longest else
+            p.ncu = (run_ncu(task, solution, case, longest.name, overrides) if longest else
                      {"available": False, "reason": "the profiler saw no kernel"})
         p.bottleneck, p.evidence = label(p, torch.cuda.get_device_properties(device).multi_processor_count)
     except CANDIDATE_ERRORS as exc:
@@ -277,33 +288,37 @@ def profile_case(solution: Path, case: kh.Case, device: torch.device, rates: dic
     return p
 
 
-def build(module, t, case: kh.Case, overrides: dict | None):
-    """The solution's callable for one case; ``overrides`` go to a family's ``build(..., config=)`` (tuning only)."""
+def build(task: tasks.Task, module, weights: dict, overrides: dict | None):
+    """The solution's callable for one case's build arguments; ``overrides`` go to a family's entry point as
+    ``config=`` (tuning only)."""
     if overrides:
-        return module.build(t.qweight, t.scales, t.bias, case.epilogue, config=overrides)
-    return module.build(t.qweight, t.scales, t.bias, case.epilogue)
+        return task.build(module, weights, config=overrides)
+    return task.build(module, weights)
 
 
-def ncu_target(solution: Path, case_json: str, overrides: dict | None = None) -> None:
+def ncu_target(task: tasks.Task, solution: Path, case_json: str, overrides: dict | None = None) -> None:
     """What ncu runs: a few calls of one case, nothing else on the GPU after the warm-up launches."""
-    case = kh.Case(**json.loads(case_json))
-    t = kh.generate(case, "normal", "cuda")
-    fn = build(load_solution(solution), t, case, overrides)
+    case = task.adapter.Case(**json.loads(case_json))
+    problem = task.adapter.generate(case, "normal", "cuda")
+    fn = build(task, load_solution(solution, entry=task.entry), problem.weights, overrides)
     for _ in range(5):
-        fn(t.x, t.residual)
+        fn(*problem.inputs)
     torch.cuda.synchronize()
 
 
-def run(solution: Path, panel: str, use_ncu: bool = False, log=print, overrides: dict | None = None) -> dict:
+def run(solution: Path, panel: str, use_ncu: bool = False, log=print, overrides: dict | None = None,
+        task: tasks.Task | None = None) -> dict:
+    task = task or tasks.load()
     info = kh.select_device()
     log(info.message)
+    cases = task.cases(panel)
     rates = device_rates(info.device) if info.device.type == "cuda" else None
     profiles = []
-    for case in kh.load_panel(panel):
-        profiles.append(profile_case(solution, case, info.device, rates, use_ncu, overrides))
+    for case in cases:
+        profiles.append(profile_case(task, solution, case, info.device, rates, use_ncu, overrides))
         log(format_row(profiles[-1]))
-    return {"solution": str(solution), "panel": str(panel), "overrides": overrides, "device": info.name,
-            "rates": rates, "cases": [asdict(p) for p in profiles]}
+    return {"task": task.name, "solution": str(solution), "panel": str(panel), "overrides": overrides,
+            "device": info.name, "rates": rates, "cases": [asdict(p) for p in profiles]}
 
 
 def format_row(p: CaseProfile) -> str:
@@ -359,7 +374,8 @@ def parse_overrides(text: str | None) -> dict | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=".venv/bin/python -m evals.profile", description=__doc__.split("\n")[0])
-    parser.add_argument("--solution", default="methods/main", help="solution directory (default methods/main)")
+    tasks.add_argument(parser)
+    parser.add_argument("--solution", help="solution directory (default: the task's main)")
     parser.add_argument("--panel", help="visible, smoke or a panel JSON file (default: visible with CUDA, else smoke)")
     parser.add_argument("--ncu", action="store_true",
                         help="add Nsight Compute's throughputs, occupancy, registers, shared memory and stall reasons "
@@ -369,13 +385,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ncu-target", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
-        solution = resolve_solution_dir(args.solution)
+        task = tasks.load(args.task)
+        solution = resolve_solution_dir(args.solution or task.main_dir)
         overrides = parse_overrides(args.overrides)
         if args.ncu_target:
-            ncu_target(solution, args.ncu_target, overrides)
+            ncu_target(task, solution, args.ncu_target, overrides)
             return 0
         report = run(solution, args.panel or kh.default_panel(), args.ncu, log=lambda line: print(line, flush=True),
-                     overrides=overrides)
+                     overrides=overrides, task=task)
     except (FileNotFoundError, ValueError, kh.SetupError) as exc:
         print(f"profile: {exc}", file=sys.stderr)
         return 2

@@ -1,18 +1,19 @@
 """Sweep a solution's tuning overrides over a panel on the GPU: correctness, eager latency, graph GPU time per plan.
 
-    .venv/bin/python -m evals.sweep --solution methods/drafts/w4a16 --grid grid.json [--panel visible] [--jobs 12]
-                          [--pin] [--inputs N] [--keep] [--json OUT]
+    .venv/bin/python -m evals.sweep [--task NAME|DIR] --solution methods/drafts/w4a16 --grid grid.json
+                          [--panel visible] [--jobs 12] [--pin] [--inputs N] [--keep] [--json OUT]
 
-The grid is a JSON list of override dicts, each passed as ``build(..., config=overrides)`` on top of the plan the
-solution would choose itself (``{}`` is that plan). Candidate code runs only in child processes: first a pool of
-``--jobs`` processes builds and checks every (case, overrides) pair once on normal and adversarial inputs (this
-compiles every kernel into Triton's on-disk cache in parallel), then one process times the pairs that passed, one
-after another, so that nothing else runs on the GPU or the CPU meanwhile. Per pair: eager microseconds per call
-(median of 7 groups of 256 back-to-back calls after 256 untimed, the verifier's kind of number, shorter) with the
-groups' max/min (the verifier fails a role over 1.15: host-bound plans are fast but may not pass), and the
-GPU time of one call replayed from a CUDA graph with the L2 hot and with the L2 flushed (as ``evals.bench``), and
-the host cost and back-to-back GPU time per call with their ratio (evals/stability.py: under about 1.3 the verifier's
-dispersion gate is at risk).
+The grid is a JSON list of override dicts, each passed to the solution's entry point as ``config=overrides``
+(``task.build``) on top of the plan the solution would choose itself (``{}`` is that plan). Candidate code runs only
+in child processes: first a pool of ``--jobs`` processes builds and checks every (case, overrides) pair once in each
+of the task's input regimes (normal and adversarial for W4A16; this compiles every kernel into Triton's on-disk cache
+in parallel), then one process times the pairs that passed, one after another, so that nothing else runs on the GPU
+or the CPU meanwhile. Per pair: eager microseconds per call (median of 7 groups of 256 back-to-back calls after 256
+untimed, the verifier's kind of number, shorter) with the groups' max/min (the verifier fails a role over 1.15:
+host-bound plans are fast but may not pass), and the GPU time of one call replayed from a CUDA graph with the L2 hot
+and with the L2 flushed (as ``evals.bench``), and the host cost and back-to-back GPU time per call with their ratio
+(evals/stability.py: under about 1.3 the verifier's dispersion gate is at risk). Where the solution defines
+``plan(*dims, overrides)`` (the case's ``dims`` in their order), each row also records the plan's integer entries.
 The table lists, per case, every plan by eager time with its speedup over the solution's own plan; the JSON holds
 every number. ``--pin`` times on one core, ``--inputs 512`` cycles through as many inputs as the verifier does and
 ``--keep`` holds every timed output as it does: one at a time or together, they tell which of the verifier's timing
@@ -28,20 +29,27 @@ import os
 import sys
 from pathlib import Path
 
+from dataclasses import asdict
+
 from evals import kernel_harness as kh
+from evals import task as tasks
 from evals.selfcheck import error_line
 
 
-def _check_pair(solution: str, case: kh.Case, overrides: dict) -> dict:
-    """Child process: the selfcheck's correctness check (normal and adversarial inputs) with ``overrides``."""
+def _check_pair(task_ref: str, solution: str, case: dict, overrides: dict) -> dict:
+    """Child process: the selfcheck's correctness check (every input regime of task ``task_ref``, a name or folder)
+    with ``overrides``; ``case`` is the case's fields (a dict crosses the process boundary; the adapter's class is
+    loaded in the child)."""
     from evals.loader import load_solution
     from evals.selfcheck import check_mode
 
     try:
-        module = load_solution(Path(solution))
+        task = tasks.load(task_ref)
+        case_obj = task.adapter.Case(**case)
+        module = load_solution(Path(solution), entry=task.entry)
         device = kh.select_device().device
-        for mode in kh.MODES:
-            check, _ = check_mode(module, case, mode, device, overrides)
+        for mode in task.adapter.MODES:
+            check, _ = check_mode(task, module, case_obj, mode, device, overrides)
             if not check["ok"]:
                 return {"ok": False, "error": f"{mode}: {check['message']}"}
         return {"ok": True, "error": None}
@@ -49,10 +57,10 @@ def _check_pair(solution: str, case: kh.Case, overrides: dict) -> dict:
         return {"ok": False, "error": error_line(exc)}
 
 
-def _time_pairs(solution: str, pairs: list[tuple[kh.Case, dict]], pin: bool = False, inputs: int = 16,
+def _time_pairs(task_ref: str, solution: str, pairs: list[tuple[dict, dict]], pin: bool = False, inputs: int = 16,
                 keep: bool = False) -> list[dict]:
-    """Child process: time each (case, overrides) in turn; with ``pin`` on one core and with ``keep`` holding every
-    timed output until the groups end, as the verifier's roles do."""
+    """Child process: time each (case fields, overrides) in turn; with ``pin`` on one core and with ``keep`` holding
+    every timed output until the groups end, as the verifier's roles do."""
     import torch
 
     from evals import bench, stability
@@ -61,35 +69,37 @@ def _time_pairs(solution: str, pairs: list[tuple[kh.Case, dict]], pin: bool = Fa
 
     if pin:
         pin_to_one_core()
-    module = load_solution(Path(solution))
+    task = tasks.load(task_ref)
+    adapter = task.adapter
+    module = load_solution(Path(solution), entry=task.entry)
     device = kh.select_device().device
     flush = torch.zeros(bench.FLUSH_BYTES, dtype=torch.uint8, device=device)
     results, cached = [], {}
-    for case_obj, overrides in pairs:
+    for fields, overrides in pairs:
+        case_obj = adapter.Case(**fields)
         if case_obj.name not in cached:
             cached.clear()
             torch.cuda.empty_cache()
-            weights = kh.generate(case_obj, "normal", device)
-            cached[case_obj.name] = (weights, kh.make_inputs(case_obj, inputs, seed=5, device=device))
-        weights, calls = cached[case_obj.name]
+            problem = adapter.generate(case_obj, "normal", device)
+            cached[case_obj.name] = (problem, adapter.make_inputs(case_obj, inputs, seed=5, device=device))
+        problem, calls = cached[case_obj.name]
         row = {"case": case_obj.name, "overrides": overrides}
         try:
-            fn = module.build(weights.qweight, weights.scales, weights.bias, case_obj.epilogue, config=overrides)
+            fn = task.build(module, problem.weights, config=overrides)
             kept: list | None = [] if keep else None
             groups = kh.time_groups(fn, calls, 7, 256, warmup=256, keep=kept)
             del kept
             row["eager_us"] = kh.median(groups)
             row["spread"] = max(groups) / min(groups)  # the verifier fails a role over 1.15 (host-bound plans)
-            row["graph_hot_us"] = bench.graph_us(fn, *calls[0], None, replays=20)
-            row["graph_flushed_us"] = bench.graph_us(fn, *calls[0], flush, replays=20)
+            row["graph_hot_us"] = bench.graph_us(fn, calls[0], None, replays=20)
+            row["graph_flushed_us"] = bench.graph_us(fn, calls[0], flush, replays=20)
             found = stability.probe(fn, calls, device)  # host cost and back-to-back GPU time per call
             row.update(host_us=found["host_us"], gpu_us=found["gpu_us"], ratio=found["ratio"])
-            ref = kh.reference(weights.x, weights.qweight, weights.scales, weights.bias, weights.residual,
-                               case_obj.epilogue)
+            ref = adapter.reference(problem.weights, problem.inputs, case_obj)
             # after thousands of calls: a plan that keeps state between calls must still be right
-            row["correct_after"] = kh.check_output(fn(weights.x, weights.residual), ref, (case_obj.m, case_obj.n)).ok
+            row["correct_after"] = adapter.check_output(fn(*problem.inputs), ref, case_obj).ok
             if hasattr(module, "plan"):
-                row["plan"] = {k: v for k, v in module.plan(case_obj.m, case_obj.k, case_obj.n, overrides).items()
+                row["plan"] = {k: v for k, v in module.plan(*case_obj.dims.values(), overrides).items()
                                if isinstance(v, int)}
             del fn
         except Exception as exc:
@@ -100,11 +110,13 @@ def _time_pairs(solution: str, pairs: list[tuple[kh.Case, dict]], pin: bool = Fa
 
 
 def run(solution: str, grid: list[dict], panel: str, jobs: int, log=print, pin: bool = False, inputs: int = 16,
-        keep: bool = False) -> dict:
+        keep: bool = False, task: tasks.Task | None = None) -> dict:
+    task = task or tasks.load()
+    task_ref = str(task.folder)  # what the children load the task from
     info = kh.select_device()
     if info.device.type != "cuda":
         raise RuntimeError("the sweep needs a CUDA GPU (" + info.message + ")")
-    cases = kh.load_panel(panel)
+    cases = task.cases(panel)
     pairs = [(case, overrides) for case in cases for overrides in grid]
     context = multiprocessing.get_context("spawn")  # a fresh interpreter per worker: no CUDA state is forked
     from evals.gate_spies import die_with_parent
@@ -112,16 +124,16 @@ def run(solution: str, grid: list[dict], panel: str, jobs: int, log=print, pin: 
     # workers die with this process (a sweep killed by a time limit leaves nothing timing on the GPU)
     hygiene = {"initializer": die_with_parent, "initargs": (str(os.getpid()),)}
     with context.Pool(jobs, **hygiene) as pool:
-        checks = pool.starmap(_check_pair, [(solution, case, overrides) for case, overrides in pairs])
+        checks = pool.starmap(_check_pair, [(task_ref, solution, asdict(case), overrides) for case, overrides in pairs])
     failed = [{"case": case.name, "overrides": overrides, "error": check["error"]}
               for (case, overrides), check in zip(pairs, checks) if not check["ok"]]
     for row in failed:
         log(f"failed: {row['case']} {json.dumps(row['overrides'])}: {row['error']}")
-    passed = [pair for pair, check in zip(pairs, checks) if check["ok"]]
+    passed = [(asdict(case), overrides) for (case, overrides), check in zip(pairs, checks) if check["ok"]]
     with context.Pool(1, **hygiene) as pool:
-        timed = pool.apply(_time_pairs, (solution, passed, pin, inputs, keep))
-    return {"device": info.message, "solution": solution, "grid": grid, "pinned": pin, "inputs": inputs,
-            "kept_outputs": keep, "failed": failed, "timed": timed}
+        timed = pool.apply(_time_pairs, (task_ref, solution, passed, pin, inputs, keep))
+    return {"task": task.name, "device": info.message, "solution": solution, "grid": grid, "pinned": pin,
+            "inputs": inputs, "kept_outputs": keep, "failed": failed, "timed": timed}
 
 
 def table(result: dict) -> str:
@@ -148,13 +160,14 @@ def table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=".venv/bin/python -m evals.sweep", description=__doc__.splitlines()[0])
+    tasks.add_argument(parser)
     parser.add_argument("--solution", required=True, help="a solution directory (or its solution.py)")
     parser.add_argument("--grid", required=True, help="JSON file: a list of override dicts ({} is the own plan)")
     parser.add_argument("--panel", help="visible, smoke or a panel JSON file (default: visible with CUDA, else smoke)")
     parser.add_argument("--jobs", type=int, default=8, help="processes that build and check in parallel (default 8)")
     parser.add_argument("--pin", action="store_true", help="time on one core, as the verifier's roles do")
     parser.add_argument("--inputs", type=int, default=16,
-                        help="distinct (x, residual) pairs cycled through (default 16; the verifier uses 512)")
+                        help="distinct call inputs cycled through (default 16; the verifier uses 512)")
     parser.add_argument("--keep", action="store_true", help="hold every timed output until the groups end, as the "
                                                             "verifier does")
     parser.add_argument("--json", help="write every number here")
@@ -172,9 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     from evals.loader import resolve_solution_dir
 
     try:
+        task = tasks.load(args.task)
         solution = str(resolve_solution_dir(args.solution))
         result = run(solution, grid, args.panel or kh.default_panel(), args.jobs, pin=args.pin, inputs=args.inputs,
-                     keep=args.keep)
+                     keep=args.keep, task=task)
     except (FileNotFoundError, RuntimeError, ValueError) as exc:
         print(f"sweep: {exc}", file=sys.stderr)
         return 2

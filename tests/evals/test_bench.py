@@ -1,28 +1,78 @@
-"""The benchmark's CPU-checkable parts: its allowed peer is correct, and without CUDA it says what it needs."""
+"""The benchmark's CPU-checkable parts: the task's peers are correct, the rows and floors come from the task, and
+without CUDA it says what it needs."""
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from evals import kernel_harness as kh
-from evals.bench import build_dequant_addmm, build_dense_fp16, floor_ratio, format_case
+from evals import task as tasks
+from evals.bench import floor_output, floor_ratio, format_case, implementations
 from tests.conftest import ROOT
 
+TASK = tasks.load("w4a16")
+W4 = TASK.adapter
 
-@pytest.mark.parametrize("build", [build_dequant_addmm, build_dense_fp16], ids=lambda f: f.__name__)
-def test_torch_peers_are_correct(build):
-    for case in kh.load_panel("smoke"):
-        t = kh.generate(case, "normal")
-        out = build(t.qweight, t.scales, t.bias, case.epilogue)(t.x, t.residual)
-        ref = kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
-        assert kh.check_output(out, ref, (case.m, case.n)).ok
+
+@pytest.mark.parametrize("name", ["torch dequant+addmm", "dense fp16 torch"])
+def test_torch_peers_are_correct(name):
+    build, note = W4.PEERS[name]
+    assert note
+    for case in TASK.cases("smoke"):
+        problem = W4.generate(case, "normal")
+        out = build(problem.weights, case)(*problem.inputs)
+        ref = W4.reference(problem.weights, problem.inputs, case)
+        assert W4.check_output(out, ref, case).ok
+
+
+def test_the_rows_are_the_tasks_solutions_then_its_peers():
+    logged = []
+    solutions = [TASK.baseline_dir, TASK.main_dir]
+    impls = implementations(TASK, solutions, peers=True, log=logged.append)
+    assert [(name, note, full) for name, note, _, full in impls[:2]] == [("v0", "ours", True), ("main", "ours", True)]
+    assert [(name, note, full) for name, note, _, full in impls[2:]] == [
+        (name, note, False) for name, (_, note) in W4.PEERS.items()]
+    assert logged == W4.skipped_peers()
+    case = TASK.cases("smoke")[0]
+    problem = W4.generate(case, "normal")
+    fn = impls[0][2](problem.weights, case)  # v0 through the task's entry point
+    assert W4.check_output(fn(*problem.inputs), W4.reference(problem.weights, problem.inputs, case), case).ok
+    logged.clear()
+    assert len(implementations(TASK, [], peers=False, log=logged.append)) == 0
+    assert logged == ["peers: not run (--no-peers)"]
+
+
+def test_a_callable_baseline_is_a_row_of_its_own_and_peers_are_optional():
+    """A task whose baseline is a callable and whose adapter has no PEERS: the callable is timed as a row (note
+    "baseline") and no peer is run or logged."""
+    made = []
+    adapter = SimpleNamespace(baseline=lambda weights, case: made.append((weights, case)) or "fn")
+    task = tasks.Task("toy", ROOT, {"baseline": {"callable": "adapter.baseline"}}, adapter)
+    logged = []
+    impls = implementations(task, [], peers=True, log=logged.append)
+    assert [(name, note, full) for name, note, _, full in impls] == [("adapter.baseline", "baseline", True)]
+    assert impls[0][2]({"w": 1}, "case") == "fn" and made == [({"w": 1}, "case")] and not logged
+
+
+def test_the_host_floors_allocate_the_tasks_output():
+    assert floor_output(TASK, TASK.cases("visible")) == ((32, 8192), torch.float16)
+    # an adapter without FLOOR_OUTPUT_SHAPE: the largest output among the cases
+    adapter = SimpleNamespace(OUTPUT_DTYPE=torch.bfloat16, output_shape=lambda case: case)
+    task = tasks.Task("toy", ROOT, {}, adapter)
+    assert floor_output(task, [(4, 8), (2, 200), (16, 16)]) == ((2, 200), torch.bfloat16)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
 def test_without_cuda_the_bench_says_it_needs_a_gpu():
     run = subprocess.run([sys.executable, "-m", "evals.bench"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
+
+
+def test_an_unknown_task_is_a_usage_error():
+    run = subprocess.run([sys.executable, "-m", "evals.bench", "--task", "no-such-task"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and "no task 'no-such-task'" in run.stderr and "w4a16" in run.stderr, run.stderr
 
 
 def test_each_row_says_how_far_eager_is_from_the_binding_floor():

@@ -8,9 +8,13 @@ import torch
 
 from evals import kernel_harness as kh
 from evals import power
-from evals.profile import CaseProfile, KernelLaunch, format_ncu, label, ncu_kernel_filter, parse_ncu_raw
+from evals.profile import CaseProfile, KernelLaunch, case_flop, format_ncu, label, ncu_kernel_filter, parse_ncu_raw
+from evals.task import Task, load
 from tests.conftest import ROOT
 from tests.evals.test_power import CAPPED
+
+TASK = load("w4a16")
+W4 = TASK.adapter
 
 # `ncu --csv --page raw` with the summary's sections, as Nsight Compute 2025.3 printed it on an H200 (one kernel: a
 # torch elementwise kernel that a target's set-up launched; the parser reads any kernel the same way)
@@ -18,8 +22,8 @@ NCU_RAW = ROOT / "tests" / "evals" / "data" / "ncu-raw-h200.csv"
 
 
 def profile(grid, **numbers):
-    case = kh.Case("balanced", 18, 8192, 8192, "silu", 1)
-    p = CaseProfile(case=kh.case_dict(case), bytes=case.bytes_moved(), flop=2 * 18 * 8192 * 8192, **numbers)
+    case = W4.Case("balanced", 18, 8192, 8192, "silu", 1)
+    p = CaseProfile(case=kh.case_dict(case), bytes=W4.bytes_moved(case), flop=2 * 18 * 8192 * 8192, **numbers)
     p.kernels = [KernelLaunch("w4a16_gemm_kernel", 1, p.gpu_us_per_call, grid, [128, 1, 1])]
     return p
 
@@ -59,10 +63,18 @@ def test_without_a_gpu_it_says_so_and_reports_bytes_and_flop(tmp_path, panel_fil
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "no GPU" in run.stdout
-    case = json.loads(out.read_text())["cases"][0]
-    assert (case["bytes"] == kh.Case("balanced", 18, 256, 256, "silu", 1).bytes_moved()
+    report = json.loads(out.read_text())
+    case = report["cases"][0]
+    assert (case["bytes"] == W4.bytes_moved(W4.Case("balanced", 18, 256, 256, "silu", 1))
             and case["flop"] == 2 * 18 * 256 * 256)
     assert case["median_us"] is None and case["bottleneck"] == "unknown"
+    assert report["task"] == "w4a16" and f"{case['flop']:,} FLOP per call" in case["evidence"]
+
+
+def test_the_flop_are_the_adapters_and_optional():
+    case = W4.Case("balanced", 18, 256, 512, "silu", 1)
+    assert case_flop(TASK, case) == W4.flop(case) == 2 * 18 * 256 * 512
+    assert case_flop(Task("toy", ROOT, {}, object()), case) is None  # an adapter without flop(case)
 
 
 @pytest.mark.gpu

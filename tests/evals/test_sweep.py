@@ -3,23 +3,25 @@ The timing half needs CUDA and runs on the GPU only (`make sweep`)."""
 import json
 import subprocess
 import sys
+from dataclasses import asdict
 
 import pytest
 import torch
 
-from evals import kernel_harness as kh
 from evals import sweep
 from evals.loader import load_solution
+from evals.task import load
 from tests.conftest import ROOT
 
 FAMILY = str(ROOT / "methods" / "drafts" / "w4a16")
+TASK = load("w4a16")
 
 
 def test_check_pair_runs_the_oracle_and_reports_a_bad_plan_as_a_row():
-    case = kh.load_panel("smoke")[0]
-    good = sweep._check_pair(FAMILY, case, {"BLOCK_SIZE_N": 128, "SPLIT_K": 2})
+    case = asdict(TASK.cases("smoke")[0])  # the case's fields: what crosses to the worker process
+    good = sweep._check_pair("w4a16", FAMILY, case, {"BLOCK_SIZE_N": 128, "SPLIT_K": 2})
     assert good == {"ok": True, "error": None}
-    bad = sweep._check_pair(FAMILY, case, {"GRID": 7})
+    bad = sweep._check_pair(str(TASK.folder), FAMILY, case, {"GRID": 7})
     assert not bad["ok"] and "GRID must be one of (0, 1)" in bad["error"]
 
 
@@ -56,6 +58,8 @@ def test_cli_usage_errors(tmp_path):
     assert run.returncode == 2 and "--inputs must be at least 1" in run.stderr
     run = run_cli("--solution", str(tmp_path), "--grid", str(good))
     assert run.returncode == 2 and "no solution.py" in run.stderr
+    run = run_cli("--task", "no-such-task", "--solution", FAMILY, "--grid", str(good))
+    assert run.returncode == 2 and "no task 'no-such-task'" in run.stderr
     if not torch.cuda.is_available():
         run = run_cli("--solution", FAMILY, "--grid", str(good))
         assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
@@ -82,5 +86,5 @@ def test_pinned_sweep_with_the_verifiers_input_count_times_and_says_so(tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(out.read_text())
     assert result["pinned"] is True and result["inputs"] == 32 and result["kept_outputs"] and not result["failed"]
-    assert len(result["timed"]) == len(kh.load_panel("smoke"))
+    assert result["task"] == "w4a16" and len(result["timed"]) == len(TASK.cases("smoke"))
     assert all(row["eager_us"] > 0 and row["correct_after"] for row in result["timed"])
