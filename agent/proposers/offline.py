@@ -1,12 +1,18 @@
 """The offline proposer: a coordinate search over the solution's tuning tables, needing no network.
 
-The tables are the dict literal that ``get_config()`` returns (the general configuration) and, when the solution has
-one, each dict literal of a module-level ``TIERS = [{...}, ...]`` list (per-shape overrides selected by their
-``N_MIN``/``N_MAX``/``K_MIN``/``K_MAX`` range; the first tier that holds a shape wins). The knobs it may move, and
-to which values, are the solution's search space (``agent.proposers.space``: its SEARCH_SPACE, else Triton's launch
-knobs). Each attempt moves one knob of one table to a neighbouring declared value (or adds a tier for the weaker
-stratum), in an order chosen from the last profile (the weaker stratum first); once every single move of the best is
-in the ledger, it combines two. It never proposes a solution already in the ledger (by sha256).
+Every fact about the task comes from its manifest (``agent.config.Task``): its strata, the case dimensions tiers key
+on (``tier_dims``), sample cases, the check stages and the ledger's columns. The tables are the dict literal that
+``get_config()`` returns (the general configuration) and, when the solution has one, each dict literal of a
+module-level ``TIERS = [{...}, ...]`` list (per-shape overrides selected by their ``<DIM>_MIN``/``<DIM>_MAX`` range
+in each of the task's tier dimensions; a tier without a dimension's keys holds any value of it; the first tier that
+holds a shape wins). The knobs it may move, and to which values, are the solution's search space
+(``agent.proposers.space``: its SEARCH_SPACE, else Triton's launch knobs). Each attempt moves one knob of one table
+to a neighbouring declared value (or adds a tier for the weaker stratum), in an order chosen from the last profile
+(the weaker stratum first); once every single move of the best is in the ledger, it combines two. It never proposes
+a solution already in the ledger (by sha256).
+
+A shape is ``(stratum, value of each tier dimension in the task's order)``: the profile's cases, else the task's
+``sample_cases``.
 
 Speed counts only where the verifier can measure it: when the best's profile or the last verdict finds cases of a
 stratum host-bound (GPU only), the stratum is the focus and the next moves are the space's ``device_bound`` moves in
@@ -20,19 +26,17 @@ import itertools
 import json
 from dataclasses import dataclass, field, replace
 
+from agent.config import Task
 from agent.exceptions import LimitsExceeded, ProposerError
 from agent.ledger import ATTEMPT_ROW, parse_row
 from agent.proposers import IterationContext
-from agent.proposers.space import Knob, Space, assigned, find_get_config, number, read_space, string_keys
+from agent.proposers.space import (Knob, Space, assigned, find_get_config, number, range_keys, read_space,
+                                   string_keys)
 from agent.tools import Tools
 
-STRATA_N = {"balanced": (4096, 1 << 62), "expert-batch": (1, 2048)}  # SPEC.md's N ranges of the two strata
-# (stratum, N, K) shapes the strata span on SPEC.md's panels: what a table decides is judged on these when no profile
-# names the panel's own cases
-SAMPLE_SHAPES = tuple((stratum, n, 8192) for stratum, ns in (("expert-batch", (256, 1024, 2048)),
-                                                             ("balanced", (4096, 8192, 16384, 28672))) for n in ns)
 OPEN_END = 1 << 40  # how tiers write "no upper bound"
 NOT_MEASURED = " (not yet measured on a GPU)"
+Shape = tuple  # (stratum, value of each of the task's tier dimensions, in the task's order)
 
 
 class _Source(str):
@@ -46,7 +50,8 @@ def _literal(value: object) -> str:
 @dataclass
 class Table:
     """One dict literal of the solution (or a tier to insert): its span, its entries (value source kept), each value's
-    span, the strata its N range meets and the N and K ranges it covers (None: unknown, so any shape)."""
+    span, the strata its ranges meet and, for a tier, the range it covers in each of the task's tier dimensions, in
+    their order (None: unknown, so any value)."""
 
     name: str  # "config" or "TIERS[i]"
     start: int
@@ -54,18 +59,16 @@ class Table:
     entries: dict[str, object]
     strata: frozenset[str]
     spans: dict[str, tuple[int, int]] = field(default_factory=dict)
-    n_range: tuple[int, int] | None = None
-    k_range: tuple[int, int] | None = None
-    label: str = ""  # how a summary names it: "" (config), "TIERS[i]", "new tier N lo..hi"
+    ranges: dict[str, tuple[int, int] | None] = field(default_factory=dict)  # tier dim -> (low, high); {}: config
+    label: str = ""  # how a summary names it: "" (config), "TIERS[i]", "new tier X lo..hi"
     before: str = ""
     after: str = ""
 
-    def holds(self, shape: tuple[str, int, int]) -> bool:
-        """Whether a tier's ranges hold a (stratum, N, K) shape, as the solution's plan() matches tiers."""
-        _, n, k = shape
-        n_lo, n_hi = self.n_range or (n, n)
-        k_lo, k_hi = self.k_range or (k, k)
-        return n_lo <= n <= n_hi and k_lo <= k <= k_hi
+    def holds(self, shape: Shape) -> bool:
+        """Whether a tier's ranges hold a shape (stratum, value of each tier dimension), as the solution's plan()
+        matches tiers."""
+        return all(bounds is None or bounds[0] <= value <= bounds[1]
+                   for bounds, value in zip(self.ranges.values(), shape[1:]))
 
     def text(self, changes: dict[str, object]) -> str:
         items = {**self.entries, **changes}.items()
@@ -106,40 +109,63 @@ def _table(name: str, node: ast.Dict, locate, source: str, **more) -> Table:
     return Table(name, *locate(node), entries, spans=spans, **more)
 
 
-def _strata(low: int, high: int) -> frozenset[str]:
-    return frozenset(s for s, (a, b) in STRATA_N.items() if low <= b and high >= a)
+def _high(high: int | None) -> int:
+    return OPEN_END if high is None else min(high, OPEN_END)
 
 
-def find_tables(source: str) -> list[Table]:
+def _strata(ranges: dict[str, tuple[int, int] | None], task: Task) -> frozenset[str]:
+    """The strata whose ranges overlap ``ranges`` in every dimension the stratum constrains (a dimension ``ranges``
+    does not bound, or bounds unknowably, overlaps)."""
+    return frozenset(name for name, constrained in task.strata.items()
+                     if all(ranges.get(dim) is None or ranges[dim][0] <= _high(high) and ranges[dim][1] >= low
+                            for dim, (low, high) in constrained.items()))
+
+
+def find_tables(source: str, task: Task) -> list[Table]:
     """The general table (required) and the tiers (optional), in order of precedence: config, TIERS[0], ..."""
     tree, locate = ast.parse(source), _locator(source)
-    tables = [_table("config", find_get_config(tree)[1], locate, source, strata=frozenset(STRATA_N))]
+    tables = [_table("config", find_get_config(tree)[1], locate, source, strata=frozenset(task.strata))]
     tiers = assigned(tree, "TIERS")
     for index, element in enumerate(tiers.elts if isinstance(tiers, ast.List) else []):
         if string_keys(element):
             bounds = {k.value: number(v) for k, v in zip(element.keys, element.values)}
-            low, high = bounds.get("N_MIN", 0), bounds.get("N_MAX", OPEN_END)
-            k_low, k_high = bounds.get("K_MIN", 0), bounds.get("K_MAX", OPEN_END)
-            known = low is not None and high is not None  # else: both strata, covering neither whole
-            k_known = k_low is not None and k_high is not None
+            ranges: dict[str, tuple[int, int] | None] = {}
+            for dim in task.tier_dims:
+                min_key, max_key = range_keys([dim])
+                low, high = bounds.get(min_key, -OPEN_END), bounds.get(max_key, OPEN_END)  # no key: any value
+                ranges[dim] = (low, high) if low is not None and high is not None else None  # None: not a literal
             tables.append(_table(f"TIERS[{index}]", element, locate, source, label=f"TIERS[{index}]",
-                                 strata=_strata(low, high) if known else frozenset(STRATA_N),
-                                 n_range=(low, high) if known else None,
-                                 k_range=(k_low, k_high) if k_known else None))
+                                 strata=_strata(ranges, task), ranges=ranges))
     return tables
 
 
-def find_table(source: str) -> Table:
+def find_table(source: str, task: Task) -> Table:
     """The general table alone (get_config's dict literal)."""
-    return find_tables(source)[0]
+    return find_tables(source, task)[0]
 
 
-def new_tier(source: str, tables: list[Table], stratum: str) -> Table | None:
-    """A tier for the stratum's whole N range, to append at the end of TIERS (or, where the solution names TIERS but
-    assigns none, in a new ``TIERS = [...]`` right after get_config); None when a tier covers that range already or
-    the solution does not use TIERS."""
-    low, high = STRATA_N[stratum][0], min(STRATA_N[stratum][1], OPEN_END)
-    if any(t.n_range and t.n_range[0] <= low and t.n_range[1] >= high for t in tables[1:]):
+def _tier_ranges(stratum: str, task: Task) -> dict[str, tuple[int, int]] | None:
+    """A new tier's ranges for the stratum: the stratum's range in each tier dimension it constrains (within the
+    dimension's domain), the domain in the others; None when it constrains no tier dimension (a tier would hold
+    every shape)."""
+    constrained = task.strata[stratum]
+    if not any(dim in constrained for dim in task.tier_dims):
+        return None
+    ranges = {}
+    for dim, (domain_low, domain_high) in task.tier_dims.items():
+        low, high = constrained.get(dim, (domain_low, domain_high))
+        lows = [bound for bound in (low, domain_low) if bound is not None]
+        ranges[dim] = (max(lows) if lows else -OPEN_END, min(_high(high), _high(domain_high)))
+    return ranges
+
+
+def new_tier(source: str, tables: list[Table], stratum: str, task: Task) -> Table | None:
+    """A tier for the stratum's whole range (``_tier_ranges``), to append at the end of TIERS (or, where the solution
+    names TIERS but assigns none, in a new ``TIERS = [...]`` right after get_config); None when a tier covers that
+    range already, the stratum constrains no tier dimension or the solution does not use TIERS."""
+    ranges = _tier_ranges(stratum, task)
+    if ranges is None or any(all(t.ranges.get(dim) and t.ranges[dim][0] <= low and t.ranges[dim][1] >= high
+                                 for dim, (low, high) in ranges.items()) for t in tables[1:]):
         return None
     tree, locate = ast.parse(source), _locator(source)
     tiers = assigned(tree, "TIERS")
@@ -165,11 +191,14 @@ def new_tier(source: str, tables: list[Table], stratum: str) -> Table | None:
     else:
         return None
     name = f"TIERS[{len(tiers.elts) if tiers else 0}]"
-    top = _Source("1 << 40") if high == OPEN_END else high
-    entries = {"N_MIN": low, "N_MAX": top, "K_MIN": 128, "K_MAX": _Source("1 << 40")}
-    return Table(name, at, at, entries, frozenset({stratum}), n_range=(low, high), k_range=(128, OPEN_END),
-                 before=before, after=after,
-                 label=f"new tier N {low}..{'1<<40' if high == OPEN_END else high}")
+    entries: dict[str, object] = {}
+    for dim, (low, high) in ranges.items():
+        min_key, max_key = range_keys([dim])
+        entries |= {min_key: low, max_key: _Source("1 << 40") if high == OPEN_END else high}
+    label = ", ".join(f"{dim.upper()} {low}..{'1<<40' if high == OPEN_END else high}"
+                      for dim, (low, high) in ranges.items() if dim in task.strata[stratum])
+    return Table(name, at, at, entries, _strata(ranges, task), ranges=ranges, before=before, after=after,
+                 label=f"new tier {label}")
 
 
 def _holds(value: object, allowed: list) -> bool:
@@ -202,10 +231,14 @@ def neighbours(knob: Knob, current: object) -> list[tuple[int, int, object]]:
     return sorted((i - gap + 1, 0, v) if i >= gap else (gap - i, 1, v) for i, v in enumerate(values))
 
 
-def weaker_stratum(profile: dict | None) -> str:
-    strata = (profile or {}).get("strata") or {}
-    balanced, expert = strata.get("balanced"), strata.get("expert-batch")
-    return "expert-batch" if balanced is not None and expert is not None and expert < balanced else "balanced"
+def weaker_stratum(profile: dict | None, task: Task) -> str:
+    """The stratum with the lowest score in the profile's "strata"; the first of the task's strata when a score is
+    missing, and the first in the task's order among equal lowest scores."""
+    scores = (profile or {}).get("strata") or {}
+    names = list(task.strata)
+    if not all(type(scores.get(name)) in (int, float) for name in names):
+        return names[0]
+    return min(names, key=lambda name: scores[name])  # min keeps the first of equal ones
 
 
 @dataclass(frozen=True)
@@ -227,14 +260,20 @@ class Move:
         return f"{self.label + ' ' if self.label else ''}{self.knob} {self.current}->{self.value}"
 
 
-def shapes(profile: dict | None) -> tuple[tuple[str, int, int], ...]:
-    """The (stratum, N, K) shapes of the profile's cases, else SAMPLE_SHAPES."""
+def shapes(profile: dict | None, task: Task) -> tuple[Shape, ...]:
+    """The shapes (stratum, value of each tier dimension) of the profile's cases, else of the task's sample cases
+    (each in the stratum that holds it): what a table decides is judged on these."""
+    dims = tuple(task.tier_dims)
     cases = [case.get("case") or {} for case in (profile or {}).get("cases") or []]
-    found = {(c["stratum"], c["n"], c["k"]) for c in cases if c.get("stratum") in STRATA_N and "n" in c and "k" in c}
-    return tuple(sorted(found)) or SAMPLE_SHAPES
+    found = {(c["stratum"], *(c[d] for d in dims)) for c in cases
+             if c.get("stratum") in task.strata and all(d in c for d in dims)}
+    if found:
+        return tuple(sorted(found))
+    samples = ((task.stratum_of(c), c) for c in task.sample_cases if all(d in c for d in dims))
+    return tuple(dict.fromkeys((stratum, *(c[d] for d in dims)) for stratum, c in samples if stratum is not None))
 
 
-def decider(tables: list[Table], shape: tuple[str, int, int], knob: str) -> Table:
+def decider(tables: list[Table], shape: Shape, knob: str) -> Table:
     """The table whose value of ``knob`` a shape takes, as plan() chooses: the first tier that holds the shape when
     it sets the knob, else the general table."""
     tier = next((t for t in tables[1:] if t.holds(shape)), None)
@@ -246,7 +285,7 @@ def decides(tables: list[Table], table: Table, knob: str, space: Space, cases) -
     from this table (a general knob that tiers override everywhere decides nothing), and the knob matters there (one
     of its only_when alternatives holds on the values that shape takes; a knob no table holds does not restrict)."""
 
-    def matters(shape: tuple[str, int, int]) -> bool:
+    def matters(shape: Shape) -> bool:
         return not space.only_when.get(knob) or any(
             all(value is None or isinstance(value, _Source) or value in allowed
                 for other, allowed in alternative.items()
@@ -256,14 +295,14 @@ def decides(tables: list[Table], table: Table, knob: str, space: Space, cases) -
     return any(decider(tables, shape, knob) is table and matters(shape) for shape in cases)
 
 
-def single_moves(tables: list[Table], profile: dict | None, space: Space, tier: Table | None = None,
+def single_moves(tables: list[Table], profile: dict | None, space: Space, task: Task, tier: Table | None = None,
                  focus: str | None = None) -> list[Move]:
     """Every one-knob neighbour of every table (and of ``tier``, a new tier for the focus stratum), nearest first;
     tables deciding the focus stratum (by default the weaker one) before the others, then the space's knob order.
     Knobs that decide nothing for the panel's shapes (see ``decides``) are left out; a new tier takes a knob only where
     the general table's value of it also serves a shape of another stratum (else moving the general table is the same
-    attempt)."""
-    weaker, general, cases = focus or weaker_stratum(profile), tables[0], shapes(profile)
+    attempt). A move's reason is its knob's for the direction it moves (``Knob.reason``)."""
+    weaker, general, cases = focus or weaker_stratum(profile, task), tables[0], shapes(profile, task)
     ranked = sorted(tables + ([tier] if tier else []), key=lambda t: (weaker not in t.strata, len(t.strata), t.start))
     shadowed = tier is not None and any(t.holds(shape) for t in tables[1:] for shape in cases if shape[0] == weaker)
     moves = []
@@ -277,19 +316,20 @@ def single_moves(tables: list[Table], profile: dict | None, space: Space, tier: 
                         decider(tables, shape, knob) is general for shape in cases if shape[0] != weaker):
                     continue
                 only = "that no earlier tier holds" if shadowed else "only"
-                current, why = general.entries[knob], f"{declared.reason}, for the {weaker} shapes {only}"
+                current, why = general.entries[knob], f", for the {weaker} shapes {only}"
             elif knob in table.entries and decides(tables, table, knob, space, cases):
-                current, why = table.entries[knob], declared.reason
+                current, why = table.entries[knob], ""
             else:
                 continue
             for distance, side, value in neighbours(declared, current):
-                reason = why + (NOT_MEASURED if value in declared.unmeasured else "")
+                reason = declared.reason("up" if side == 0 else "down") + why
+                reason += NOT_MEASURED if value in declared.unmeasured else ""
                 rank = (distance, table_rank, knob_rank, side)
                 moves.append(Move(rank, table.name, knob, current, value, reason, table.label))
     return sorted(moves, key=lambda m: m.rank)
 
 
-def unstable_strata(profile: dict | None) -> dict[str, list[str]]:
+def unstable_strata(profile: dict | None, task: Task) -> dict[str, list[str]]:
     """Stratum -> names of the best's cases measured unstable (host-bound on a GPU: selfcheck cases whose ``stable``
     is False). The best's own measurement, not the last attempt's: an attempt reverted as host-bound left the best as
     it was, and slowing a steady best gains nothing. Empty without a GPU."""
@@ -297,17 +337,17 @@ def unstable_strata(profile: dict | None) -> dict[str, list[str]]:
     named = [((c.get("case") or {}).get("stratum"), (c.get("case") or {}).get("name"))
              for c in (profile or {}).get("cases") or [] if c.get("stable") is False]
     for stratum, name in named:
-        if stratum in STRATA_N and name not in found.setdefault(stratum, []):
+        if stratum in task.strata and name not in found.setdefault(stratum, []):
             found[stratum].append(name)
     return found
 
 
 def device_bound_moves(tables: list[Table], tier: Table | None, moves: list[Move], profile: dict | None,
-                       space: Space, stratum: str, names: list[str]) -> list[Move]:
+                       space: Space, task: Task, stratum: str, names: list[str]) -> list[Move]:
     """The moves of ``moves`` that give each call of the stratum's shapes more GPU time: a knob the space marks
     ``device_bound``, moved in its direction, in a table that decides some shape of the stratum (or in the new tier,
     when it is the stratum's), in their order; each hypothesis says why it comes first."""
-    held = [shape for shape in shapes(profile) if shape[0] == stratum]
+    held = [shape for shape in shapes(profile, task) if shape[0] == stratum]
     cases = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     found = []
     for move in moves:
@@ -327,27 +367,28 @@ class OfflineProposer:
     label = "offline"
 
     def iterate(self, context: IterationContext, tools: Tools) -> None:
-        solution = f"{tools.task.candidate_dir}/solution.py"
+        task = tools.task
+        solution = f"{task.candidate_dir}/solution.py"
         read = tools.read_file(solution)
         if read["returncode"]:
             raise ProposerError(read["output"])
         source = read["output"]
         try:
-            tables, space = find_tables(source), read_space(source)
+            tables, space = find_tables(source, task), read_space(source, range_keys(task.tier_dims))
         except ProposerError as exc:  # the solution's own tables or space: every later iteration would fail alike
             raise LimitsExceeded(f"the offline search cannot read {solution}: {exc}") from exc
-        unstable = unstable_strata(context.profile)
-        focus = next(iter(unstable), None) or weaker_stratum(context.profile)  # an unmeasurable stratum scores zero
-        tier = new_tier(source, tables, focus)
+        unstable = unstable_strata(context.profile, task)
+        focus = next(iter(unstable), None) or weaker_stratum(context.profile, task)  # an unmeasurable one scores 0
+        tier = new_tier(source, tables, focus, task)
         everything = tables + ([tier] if tier else [])
-        ledger = tools.read_file(tools.task.ledger)["output"]
-        rows = [parse_row(line) for line in ledger.splitlines() if ATTEMPT_ROW.match(line)]
+        ledger = tools.read_file(task.ledger)["output"]
+        rows = [parse_row(line, task) for line in ledger.splitlines() if ATTEMPT_ROW.match(line)]
         tried = {row.get("sha256") for row in rows} | {_sha(source)}
-        broken = failed_moves(rows)
-        singles = single_moves(tables, context.profile, space, tier, focus)
+        broken = failed_moves(rows, task)
+        singles = single_moves(tables, context.profile, space, task, tier, focus)
         first: dict[tuple, Move] = {}
         for stratum, names in unstable.items():
-            for move in device_bound_moves(tables, tier, singles, context.profile, space, stratum, names):
+            for move in device_bound_moves(tables, tier, singles, context.profile, space, task, stratum, names):
                 first.setdefault((move.table, move.knob, move.value), move)
         singles = list(first.values()) + [m for m in singles if (m.table, m.knob, m.value) not in first]
         pairs = sorted(((a, b) for a, b in itertools.combinations(singles, 2) if (a.table, a.knob) != (b.table, b.knob)
@@ -364,20 +405,22 @@ class OfflineProposer:
                 reason = f"every single-knob neighbour is in the ledger: combine two ({reason})"
             config = " | ".join(("" if t.name == "config" else f"{t.name}: ")
                                 + ", ".join(f"{k}={_literal(v)}" for k, v in t.entries.items())
-                                for t in find_tables(proposal) if t.name in where)
+                                for t in find_tables(proposal, task) if t.name in where)
             tools.write_file(solution, proposal)
             tools.submit(" + ".join(map(str, moves)), f"{reason} (config: {config})")
         raise LimitsExceeded("the offline search has tried every single-knob neighbour of the best configuration and "
                              "every pair of them")
 
 
-def failed_moves(rows: list[dict]) -> set[tuple[str, str, str]]:
-    """(table, knob, value) of the single-knob attempts that failed (did not compile, wrong, over the contract): a
-    combination that repeats one of them is not worth an attempt. The table is "config", "TIERS[i]" or "new tier N
-    lo..hi", as the summary names it."""
+def failed_moves(rows: list[dict], task: Task) -> set[tuple[str, str, str]]:
+    """(table, knob, value) of the single-knob attempts that failed (did not compile, wrong, or a check of the task
+    found it wanting: a check column of its row, one of ``task.checks`` the ledger shows, neither "ok..." nor "not
+    run..."): a combination that repeats one of them is not worth an attempt. The table is "config", "TIERS[i]" or
+    "new tier X lo..hi", as the summary names it."""
+    checks = [check for check in task.checks if check in task.columns]
     broken = set()
     for row in rows:
-        if row.get("correct") == "yes" and row.get("residency", "").startswith(("ok", "not run")):
+        if row.get("correct") == "yes" and all(row.get(c, "").startswith(("ok", "not run")) for c in checks):
             continue
         summary = row.get("summary / hypothesis", "").split("; hypothesis:")[0]
         words = summary.split()

@@ -139,8 +139,9 @@ def read_space(source: str, ranges: Iterable[str]) -> Space:
     general = {key.value: value for key, value in zip(returned.keys, returned.values)}  # key -> its value's node
     node = assigned(tree, "SEARCH_SPACE")
     if node is None:
+        launch = [k for k, v in general.items() if k in LAUNCH_KNOBS or k.startswith("BLOCK_SIZE_") and _int_literal(v)]
         return Space({k: LAUNCH_KNOBS.get(k) or Knob(BLOCK_VALUES, BLOCK_UP.format(k), BLOCK_DOWN.format(k))
-                      for k, v in general.items() if k in LAUNCH_KNOBS or k.startswith("BLOCK_SIZE_") and _int_literal(v)})
+                      for k in launch})
     space = _plain_data(node)
     _dict("", space, ("knobs",), ("only_when", "refused", "device_bound"))
     knobs = _knobs(space["knobs"], tuple(ranges))
