@@ -17,10 +17,11 @@ from pathlib import Path
 
 try:
     from agent import ledger, report
-    from agent.config import RunConfig, Task, from_dict
+    from agent.config import DEFAULT_TASK, RunConfig, Task, TaskError, from_dict
     from agent.display import Display, quiet_stdout, say
     from agent.exceptions import EndpointUnavailable
-    from agent.loop import PROG, Run, fmt, summary
+    from agent.ledger import fmt
+    from agent.loop import PROG, Run, summary
     from agent.promote import promote
     from agent.proposers import Proposer, make_proposer
     from agent.runner import python_command, python_env, run_command
@@ -113,18 +114,22 @@ def check_panel(task: Task, panel: str, cuda: bool) -> None:
 
 def start_point(task: Task, start: str) -> Path:
     if start == "main":
-        return task.root / task.candidate_dir
+        main = task.root / task.candidate_dir
+        if not (main / "solution.py").is_file():
+            raise Refused(f"task {task.name} has no {task.candidate_dir}/solution.py to start from: give --from vN, "
+                          f"or put its first version (v0) there")
+        return main
     if not re.fullmatch(r"v\d+", start) or not (task.versions / start / "solution.py").is_file():
-        raise Refused(f"--from {start}: expected main or an existing version such as v0 "
+        raise Refused(f"--from {start}: expected main or an existing version of task {task.name} "
                       f"(one with {task.versions_dir}/{start}/solution.py)")
     return task.versions / start
 
 
-def load_task(task_file: str | None) -> Task:
+def load_task(task: str | None) -> Task:
     try:
-        return Task.load(ROOT, task_file)
-    except (OSError, ValueError) as exc:  # a missing file, JSON that is not, an unknown field
-        raise Refused(f"--task {task_file}: {exc}") from None
+        return Task.load(ROOT, task)
+    except TaskError as exc:  # no such task, a manifest that is not JSON or lacks a field
+        raise Refused(str(exc)) from None
 
 
 def ready_proposer(config: RunConfig) -> Proposer:
@@ -152,7 +157,7 @@ def planned_run(task: Task, args: argparse.Namespace) -> tuple[RunConfig, Path]:
     config = RunConfig(iters=args.iters, backend=resolve_backend(args.backend), model=args.model or "", panel=panel,
                        start_from=args.start_from, time_limit_min=args.time_limit, cost_limit_usd=args.cost_limit,
                        script=str(Path(args.script).resolve()) if args.script else None, cuda=cuda,
-                       task_file=str(Path(args.task).resolve()) if args.task else None, full_check=args.full_check)
+                       task=str(task.root / task.folder), full_check=args.full_check)
     start = start_point(task, config.start_from)
     if note:
         say(f"note: {note}")
@@ -169,13 +174,13 @@ def new_run(task: Task, config: RunConfig, start: Path) -> tuple[RunState, Works
     shutil.copytree(start, workspace.state_dir / "start",
                     ignore=shutil.ignore_patterns("*.patch", "*.json", "__pycache__"))
     # the run's first best is the start; name it by the version it equals so that rows and patches point at it
-    sha = ledger.solution_sha256(start)
-    same = [e["version"] for e in ledger.index_entries(task) if e.get("sha256") == sha]
-    same += [r["version"] for r in map(ledger.parse_row, ledger.rows(task)) if r.get("sha256") == sha]
-    label = config.start_from if config.start_from != "main" else (same[0] if same else "main")
-    baseline_sha = ledger.solution_sha256(task.versions / task.baseline_version)
+    same = ledger.same_version(task, start)
+    label = config.start_from if config.start_from != "main" else (same or "main")
+    baseline = task.baseline_version
+    is_baseline = baseline is not None and (task.versions / baseline / "solution.py").is_file() and \
+        ledger.solution_sha256(start) == ledger.solution_sha256(task.versions / baseline)
     state = RunState(run_id=run_id, config=asdict(config), pid=os.getpid(),
-                     started=run_id[:15], start_label=label, best_label=label, best_is_baseline=sha == baseline_sha)
+                     started=run_id[:15], start_label=label, best_label=label, best_is_baseline=is_baseline)
     return state, workspace
 
 
@@ -185,7 +190,13 @@ def resumed_run(args: argparse.Namespace) -> tuple[Task, RunConfig, RunState, Wo
     if not (state_dir / "state.json").is_file():
         raise Refused(f"no run {args.resume} to resume; `{PROG} status` lists the runs")
     state = RunState.load(state_dir)
-    task = load_task(state.config.get("task_file"))
+    legacy = state.config.pop("task_file", None)  # runs recorded before tasks were folders: the default task
+    if legacy:
+        raise Refused(f"run {args.resume} was started with a task file ({legacy}) of an older kloop; start a new run")
+    task = load_task(state.config.get("task"))
+    if args.task and load_task(args.task).name != task.name:
+        raise Refused(f"run {args.resume} is a run of task {task.name}, not {args.task}; leave --task out to resume it")
+    state.config["task"] = str(task.root / task.folder)
     workspace = Workspace(ROOT, args.resume, task.candidate_dir)
     if state.status == "running" and state.pid != os.getpid() and pid_alive(state.pid):
         raise Refused(f"run {args.resume} is still running (pid {state.pid})")
@@ -294,26 +305,41 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    task = Task(root=ROOT)
+    task = load_task(args.task)
     runs = all_runs(ROOT)
-    print(f"{len(runs)} run(s)")
+    by_task: dict[str, list[RunState]] = {}
     for state in runs:
-        status = state.status if state.status != "running" or pid_alive(state.pid) else "killed (resumable)"
-        print(f"  {state.run_id}  {status:<18} {state.attempts}/{state.config.get('iters')} attempts  "
-              f"best {state.best_label} ({fmt(state.best_score)})  {state.config.get('backend')}")
-    scored = [r for r in map(ledger.parse_row, ledger.rows(task)) if r.get("score", "-") not in ("-", "")
-              and r.get("decision", "").startswith("keep")]
+        by_task.setdefault(report.task_of(state), []).append(state)
+    print(f"{len(runs)} run(s)" + (f" of {len(by_task)} tasks" if len(by_task) > 1 else ""))
+    for name in sorted(by_task, key=lambda n: (n != task.name, n)):
+        print(f"task {name}: {len(by_task[name])} run(s)")
+        for state in by_task[name]:
+            status = state.status if state.status != "running" or pid_alive(state.pid) else "killed (resumable)"
+            print(f"  {state.run_id}  {status:<18} {state.attempts}/{state.config.get('iters')} attempts  "
+                  f"best {state.best_label} ({fmt(state.best_score)})  {state.config.get('backend')}"
+                  + ("" if state.config.get("cuda") else "  CPU: nothing kept on interpreter timings"))
+    print(f"task {task.name} ({task.ledger}):")
+    rows = [ledger.parse_row(line, task) for line in ledger.rows(task)]
+    kept = [r for r in rows if r.get("score", "-") not in ("-", "") and r.get("decision", "").startswith("keep")]
     verdicts = {e.get("version"): e.get("verdict") or {} for e in ledger.index_entries(task)}
     by_source: dict[str, list[dict]] = {}
-    for row in sorted(scored, key=lambda r: float(r["score"]), reverse=True):
-        by_source.setdefault(measured_on(verdicts.get(row["version"], {})), []).append(row)
-    print("best kept versions, by where they were measured (scores compare only within one line):"
+    unranked = []
+    for row in sorted(kept, key=lambda r: float(r["score"]), reverse=True):
+        verdict = verdicts.get(row["version"], {})
+        if verdict.get("gpu_timing") is False:  # interpreter wall times rank nothing
+            unranked.append(row["version"])
+            continue
+        by_source.setdefault(measured_on(verdict), []).append(row)
+    print("  best kept versions, by where they were measured (scores compare only within one line):"
           + ("" if by_source else " (none)"))
     for source, best in by_source.items():
-        print(f"  {source}: " + ", ".join(f"{r['version']} {r['score']}" for r in best[:5]))
-    print("last rows:")
+        print(f"    {source}: " + ", ".join(f"{r['version']} {r['score']}" for r in best[:5]))
+    if unranked:
+        print(f"  kept on interpreter timings, which rank nothing (not listed as best): {', '.join(unranked[:10])}"
+              + (f" and {len(unranked) - 10} more" if len(unranked) > 10 else ""))
+    print("  last rows:")
     for line in ledger.rows(task)[-args.rows:] if args.rows > 0 else []:
-        print("  " + line)
+        print("    " + line)
     return 0
 
 
@@ -324,23 +350,35 @@ def measured_on(verdict: dict) -> str:
     return f"{Path(verdict['panel']).name} panel, {'GPU' if verdict.get('gpu_timing') else 'CPU interpreter'}"
 
 
+def run_task(run_id: str, given: str | None) -> Task:
+    """The task a recorded run served; a --task that names another is refused."""
+    state_dir = ROOT / "workspace" / ".runs" / run_id
+    if not (state_dir / "state.json").is_file():
+        raise Refused(f"no run {run_id}; `{PROG} status` lists the runs")
+    task = load_task(RunState.load(state_dir).config.get("task"))
+    if given and load_task(given).name != task.name:
+        raise Refused(f"run {run_id} is a run of task {task.name}, not {given}")
+    return task
+
+
 def cmd_report(args: argparse.Namespace) -> int:
-    task = Task(root=ROOT)
-    if not report.known_run(task, args.run_id):
-        raise Refused(f"no run {args.run_id}; `{PROG} status` lists the runs")
-    print(f"{report.write(task, args.run_id).relative_to(ROOT)}/report.md and report.html written")
+    task = run_task(args.run_id, args.task)
+    print(f"{report.write(task, args.run_id).relative_to(ROOT)}/report.md and report.html written (task {task.name})")
     return 0
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
+    task = load_task(args.task)
     panel = str(Path(args.panel).resolve()) if args.panel and args.panel not in ("visible", "smoke") else args.panel
-    return promote(Task(root=ROOT), args.version, has_cuda(), args.force, panel, note=" ".join(args.note.split()),
+    return promote(task, args.version, has_cuda(), args.force, panel, note=" ".join(args.note.split()),
                    verify=args.verify)
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    removed = clean(ROOT)
-    print(f"removed {len(removed)} finished worktree(s)" + (": " + ", ".join(removed) if removed else ""))
+    task = load_task(args.task)
+    removed = clean(ROOT, lambda state: report.task_of(state) == task.name)
+    print(f"removed {len(removed)} finished worktree(s) of task {task.name}"
+          + (": " + ", ".join(removed) if removed else ""))
     return 0
 
 
@@ -369,10 +407,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--cost-limit", type=above_zero("dollars"), metavar="USD",
                      help="stop when the model cost reaches USD")
     run.add_argument("--script", metavar="FILE", help="the scripted backend's JSON list of tool calls")
-    run.add_argument("--task", metavar="FILE",
-                     help="a JSON file of task fields replacing the defaults (evaluator commands, timeout)")
+    run.add_argument("--task", metavar="NAME|DIR",
+                     help=f"the task: a name under tasks/ or a folder holding task.json (default {DEFAULT_TASK}; "
+                          "with --resume, the run's own)")
     run.add_argument("--full-check", action="store_true",
-                     help="residency guard and gates on every correct candidate, not only on those that would be kept")
+                     help="the task's checks on every correct candidate, not only on those that would be kept")
     run.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
     submit = command("submit", "evaluate and record a hand-written candidate as one attempt (exit 1 if it fails "
                                "a check)")
@@ -384,16 +423,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="visible, smoke or a panel JSON file; without CUDA visible becomes smoke")
     submit.add_argument("--from", dest="start_from", default="main", metavar="main|vN",
                         help="the parent it is compared with: methods/main or a version")
-    submit.add_argument("--task", help=argparse.SUPPRESS)
-    submit.add_argument("--full-check", action="store_true", help="residency guard and gates even if it is not faster")
+    submit.add_argument("--task", metavar="NAME|DIR", help=f"the task (default {DEFAULT_TASK})")
+    submit.add_argument("--full-check", action="store_true", help="the task's checks even if it is not faster")
     submit.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
-    status = command("status", "runs, best kept versions, last ledger rows")
+    status = command("status", "runs by task, the task's best kept versions and last ledger rows")
     status.add_argument("--rows", type=int, default=5, help="ledger rows to show")
-    command("clean-workspace", "remove the worktrees of finished runs")
+    status.add_argument("--task", metavar="NAME|DIR", help=f"whose versions and rows to show (default {DEFAULT_TASK})")
+    clean_cmd = command("clean-workspace", "remove the worktrees of the task's finished runs")
+    clean_cmd.add_argument("--task", metavar="NAME|DIR", help=f"the task (default {DEFAULT_TASK})")
     report_cmd = command("report", "(re)write reports/<run-id>/report.md and report.html")
     report_cmd.add_argument("run_id", help="a run id, as `status` lists them")
-    promote_cmd = command("promote", "check vN again and copy it into methods/main/")
+    report_cmd.add_argument("--task", metavar="NAME|DIR", help="the run's task (checked; the run records it)")
+    promote_cmd = command("promote", "check vN of the task again and copy it into the task's main")
     promote_cmd.add_argument("version", help="vN")
+    promote_cmd.add_argument("--task", metavar="NAME|DIR", help=f"the task whose vN it is (default {DEFAULT_TASK})")
     promote_cmd.add_argument("--force", action="store_true",
                              help="promote even if a check fails or the numbers are interpreter timings (recorded in "
                                   "the ledger)")

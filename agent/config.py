@@ -74,11 +74,13 @@ class Task:
     eval_timeout_s: float = field(default_factory=lambda: float(os.environ.get("KLOOP_EVAL_TIMEOUT", "900")))
     """Wall-clock limit of each evaluator subprocess; on expiry its whole process group is killed. A run lowers it for
     its attempts to follow the panel (agent.evaluate.panel_limit)."""
+    commands: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """The evaluator command of each check stage the task declares beyond the built-in ones (the manifest's
+    ``commands``, by stage name; a built-in stage's command may be replaced there too)."""
     policy_cmd: tuple[str, ...] = ("-m", "evals.policy")
     gates_cmd: tuple[str, ...] = ("-m", "evals.verifier", "--gates-only", "--jobs", "3")  # untimed: 3 cases at once
     verify_cmd: tuple[str, ...] = ("-m", "evals.verifier")  # the full judge, three timed roles per case
     selfcheck_cmd: tuple[str, ...] = ("-m", "evals.selfcheck")
-    residency_cmd: tuple[str, ...] = ("-m", "evals.residency")
     profile_cmd: tuple[str, ...] = ("-m", "evals.profile")
     qualify_cmd: tuple[str, ...] = ("-m", "evals.qualify", "--repeats", "1", "--schedules", "spec")
     """Times the candidate under the verifier's own candidate schedule and says whether every 11-group vector stays
@@ -100,12 +102,16 @@ class Task:
         missing = [key for key in required if key not in data]
         if missing:
             raise TaskError(f"{folder / MANIFEST} lacks {missing} (README.md, 'Add your own task', lists the fields)")
-        commands = {f"{stage}_cmd": tuple(command) for stage, command in data.get("commands", {}).items()}
-        unknown = [key for key in commands if key not in {f.name for f in dataclasses.fields(cls)}]
-        if unknown:
-            raise TaskError(f"{folder / MANIFEST}: commands names no stage for {unknown}")
+        commands = {stage: tuple(command) for stage, command in data.get("commands", {}).items()}
+        built_in = {f.name for f in dataclasses.fields(cls) if f.name.endswith("_cmd")}
+        replaced = {f"{stage}_cmd": command for stage, command in commands.items() if f"{stage}_cmd" in built_in}
+        missing = [stage for stage in data["stages"] if f"{stage}_cmd" not in built_in and stage not in commands]
+        if missing:
+            raise TaskError(f"{folder / MANIFEST}: stage(s) {missing} have no evaluator command: give each in "
+                            '"commands" ({"STAGE": ["-m", "evals.MODULE"]})')
         folder_rel = folder.relative_to(root.resolve()).as_posix() if folder.is_relative_to(root.resolve()) else \
             str(folder)
+        _refuse_shared_records(root, folder, data)
         return cls(root=root, name=data["name"], folder=folder_rel, spec=data["spec"], candidate_dir=data["main"],
                    versions_dir=data["versions"], ledger=data["ledger"], strata=data["strata"],
                    baseline=data["baseline"], stages=tuple(data["stages"]),
@@ -113,7 +119,11 @@ class Task:
                    readable=tuple(data.get("readable", ())), tools=data.get("tools", {}),
                    tier_dims=data.get("tier_dims", {}),
                    sample_cases=tuple(data.get("sample_cases", ())), description=data.get("description", ""),
-                   **commands)
+                   commands=commands, **replaced)
+
+    def command(self, stage: str) -> tuple[str, ...]:
+        """The evaluator command (python arguments) of a stage."""
+        return self.commands.get(stage) or getattr(self, f"{stage}_cmd")
 
     @property
     def versions(self) -> Path:
@@ -153,6 +163,25 @@ class Task:
         return None
 
 
+def _refuse_shared_records(root: Path, folder: Path, data: dict) -> None:
+    """Each task has its own main, versions and ledger: a manifest that names another task's is refused, so that no
+    command ever records into, or promotes from, another task's records."""
+    mine = {key: Path(data[key]) for key in ("main", "versions", "ledger")}
+    others = (root / TASKS_DIR).glob(f"*/{MANIFEST}") if (root / TASKS_DIR).is_dir() else []
+    for other in others:
+        if other.parent.resolve() == folder:
+            continue
+        try:
+            theirs = json.loads(other.read_text())
+        except (OSError, ValueError):
+            continue
+        shared = [key for key, path in mine.items() if key in theirs and Path(theirs[key]) == path]
+        if shared:
+            raise TaskError(f"{folder / MANIFEST}: its {', '.join(shared)} ({', '.join(str(mine[k]) for k in shared)}) "
+                            f"belong to task {theirs.get('name', other.parent.name)}; give task {data['name']} its own "
+                            "(every task has its own main, versions and ledger)")
+
+
 def resolve_task(root: Path, task: str | None) -> Path:
     """A task's folder: a name under tasks/, else a path to a folder holding task.json (or to task.json)."""
     given = task or DEFAULT_TASK
@@ -190,7 +219,7 @@ class RunConfig:
     script: str | None = None
     """The scripted backend's list of tool calls (a JSON file)."""
     full_check: bool = False
-    """Run the residency guard and the gates on every correct candidate, not only on those that would be kept."""
+    """Run the task's checks on every correct candidate, not only on those that would be kept."""
     task: str | None = None
     """The task's folder (absolute) as the run resolved it: --resume, report and every hint use it."""
     cuda: bool = False

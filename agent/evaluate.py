@@ -188,7 +188,7 @@ class Evaluator:
         lists cases with ``ok``)."""
         if name == "gates":
             return self.gates(solution)
-        stage = self._run(name, getattr(self.task, f"{name}_cmd"), ["--solution", str(solution), "--panel", self.panel],
+        stage = self._run(name, self.task.command(name), ["--solution", str(solution), "--panel", self.panel],
                           self.work_dir / f"{name}.json")
         if stage.report and "cases" in stage.report and not stage.ok:
             failures = "; ".join(_case_failure(c) for c in stage.report["cases"] if not c.get("ok"))
@@ -271,7 +271,8 @@ class Evaluator:
                    "correct": None if check is None else bool(check.get("all_correct")),
                    # a case that raised (a compile error such as OutOfResources, a crash) rather than computed wrongly
                    "raised": bool(check) and any(c.get("error") for c in check.get("cases", [])),
-                   **{name: ("ok" if names[name].ok else "FAIL") if name in names else None for name in self.task.checks},
+                   **{name: ("ok" if names[name].ok else "FAIL") if name in names else None
+                      for name in self.task.checks},
                    "strata": (check or {}).get("strata", {}), "score": (check or {}).get("score"),
                    "cases": [_case_numbers(c) for c in (check or {}).get("cases", [])],
                    # "yes", "no (why)" or "-" (not measured: no CUDA, or never reached), and the cases that were not

@@ -149,7 +149,8 @@ class Run:
                "correct": correct_cell(verdict), **metric_cells(self.task, verdict, "not run (not kept)"),
                "score": fmt(verdict["score"]), "decision": decision(verdict), "stable": verdict.get("stable")}
         eval_s = time.monotonic() - started
-        extra = {"iteration": iteration, "summary": summary, "hypothesis": hypothesis, "keep": verdict["keep"],
+        extra = {"task": self.task.name, "iteration": iteration, "summary": summary, "hypothesis": hypothesis,
+                 "keep": verdict["keep"],
                  "prompt_tokens": context.usage.prompt_tokens, "completion_tokens": context.usage.completion_tokens,
                  "tokens": context.usage.tokens, "cost_usd": context.usage.cost_usd, "propose_s": round(propose_s, 2),
                  "eval_s": round(eval_s, 2), "wall_s": round(propose_s + eval_s, 2), "eval_dir": name,
@@ -183,7 +184,7 @@ class Run:
                 entry["version"], verdict["score"], False)
         self.state.attempts = entry["iteration"]
         self.state.wall_s += entry["wall_s"]
-        self.state.last_verdict = {k: verdict.get(k) for k in ("failed_stage", "note", "correct", "residency",
+        self.state.last_verdict = {k: verdict.get(k) for k in ("failed_stage", "note", "correct", *self.task.checks,
                                                                 "strata", "score", "speedup_over_best", "noise",
                                                                 "stable", "unstable", "keep")}
         self.state.last_verdict["version"] = entry["version"]

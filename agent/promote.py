@@ -1,14 +1,15 @@
-"""Promotion by hand: `.venv/bin/python -m agent promote vN [--verify] [--force]` (make promote V=N [VERIFY=1]).
+"""Promotion by hand: `.venv/bin/python -m agent promote [--task T] vN [--verify] [--force]` (make promote [TASK=T]
+V=N [VERIFY=1]): vN of the task's own versions into the task's main.
 
 Says what vN's own ledger row decided and where its numbers came from, and asks for --force when they are Triton
-interpreter timings (CPU), which say nothing about speed on a GPU. Re-runs the gates, the selfcheck and the full
-residency guard on vN (on a GPU also the qualification under the verifier's schedule; a vN that is not stable is
+interpreter timings (CPU), which say nothing about speed on a GPU. Re-runs the selfcheck and every check the task
+declares on vN (on a GPU also the qualification under the verifier's schedule; a vN that is not stable is
 said and its row's stable cell records it), and with --verify (a GPU) the full verifier on the panel too, the timing
 gates included; refuses with the reason when any fails (unless --force, which the ledger records), copies vN's files
-into methods/main/ and appends a promotion row (first cell `promote vN`). A refusal after the checks ran is a row too
-(decision `refused (...)`, main unchanged): the minutes of measurement behind it are not lost; a verifier refusal
-on v0's own timing alone says so, and that the same promotion can simply run again. It never changes
-methods/versions/.
+into the task's main and appends a promotion row (first cell `promote vN`). A refusal after the checks ran is a row
+too (decision `refused (...)`, main unchanged): the minutes of measurement behind it are not lost; a verifier refusal
+on the baseline's own timing alone says so, and that the same promotion can simply run again. It never changes the
+versions, and never promotes a version another task recorded.
 """
 from __future__ import annotations
 
@@ -19,35 +20,42 @@ from pathlib import Path
 from agent import ledger
 from agent.config import Task
 from agent.evaluate import Evaluator, baseline_noise_only, correct_cell
+from agent.ledger import fmt
+from agent.loop import make_hint, metric_cells
 from agent.workspace import replace_solution
 
 
 def current_label(task: Task) -> str:
-    """The version methods/main equals, by sha256 (main when it matches none)."""
-    sha = ledger.solution_sha256(task.root / task.candidate_dir)
-    return next((e["version"] for e in ledger.index_entries(task) if e.get("sha256") == sha),
-                next((r["version"] for r in map(ledger.parse_row, ledger.rows(task)) if r.get("sha256") == sha),
-                     "main"))
+    """The version the task's main equals, by its files (main when it matches none)."""
+    main = task.root / task.candidate_dir
+    return (ledger.same_version(task, main) if (main / "solution.py").is_file() else None) or "main"
 
 
-def recorded(task: Task, version: str) -> tuple[str | None, bool | None]:
-    """The decision of ``version``'s own row, and whether its numbers are GPU timings (None where not recorded)."""
-    row = next((r for r in map(ledger.parse_row, ledger.rows(task)) if r.get("version") == version), {})
+def recorded(task: Task, version: str) -> tuple[str | None, bool | None, str | None]:
+    """The decision of ``version``'s own row, whether its numbers are GPU timings (None where not recorded) and the
+    task its index line names (None for lines written before they named one)."""
+    row = next((r for r in (ledger.parse_row(line, task) for line in ledger.rows(task))
+                if r.get("version") == version), {})
     entry = next((e for e in ledger.index_entries(task) if e.get("version") == version), {})
-    return row.get("decision"), (entry.get("verdict") or {}).get("gpu_timing")
+    return row.get("decision"), (entry.get("verdict") or {}).get("gpu_timing"), entry.get("task")
 
 
 def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: str | None = None, log=print,
             note: str = "", verify: bool = False) -> int:
     source = task.versions / version
     if not re.fullmatch(r"v\d+", version) or not (source / "solution.py").is_file():
-        log(f"promote: no version {version} (expected vN with methods/versions/vN/solution.py)")
+        log(f"promote: task {task.name} has no version {version} (expected vN with "
+            f"{task.versions_dir}/vN/solution.py); another task's versions need its TASK=")
         return 2
     if verify and not cuda:
         log("promote: --verify needs a CUDA GPU: the verifier's timing gates do not run under the interpreter "
             "(promote without --verify here, and run make verify on a GPU); nothing promoted")
         return 2
-    decision, gpu_timing = recorded(task, version)
+    decision, gpu_timing, owner = recorded(task, version)
+    if owner is not None and owner != task.name:
+        log(f"promote: refused: {version} in {task.versions_dir} was recorded by task {owner}, not {task.name}; "
+            f"nothing promoted (promote it as a version of its own task: make promote TASK={owner} V={version[1:]})")
+        return 2
     origin = {True: "GPU timings", False: "Triton interpreter timings (CPU), not GPU timings",
               None: "of unrecorded origin"}[gpu_timing]
     log(f"{version}'s own row: {decision or 'none in ' + task.ledger}; its numbers are {origin}")
@@ -55,25 +63,21 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
     interpreter_only = gpu_timing is False and not cuda
     if interpreter_only and not force:
         log(f"promote: refused: {version} was measured only under the interpreter, whose timings say nothing about "
-            f"its speed on a GPU; promote it on a GPU machine (make promote V={version.removeprefix('v')} there, "
+            f"its speed on a GPU; promote it on a GPU machine ({make_hint(task, 'promote', V=version[1:])} there, "
             "which measures it first), or pass --force (FORCE=1), which the ledger records; nothing promoted")
         return 1
     panel = panel or ("visible" if cuda else "smoke")
     stamp = datetime.now(timezone.utc)
     evaluator = Evaluator(task, panel, cuda,
                           task.root / "workspace" / ".promotions" / f"{version}-{stamp:%Y%m%d-%H%M%S}")
-    log(f"checking {version} on the {panel} panel ({'GPU' if cuda else 'CPU, Triton interpreter'}): "
-        f"source policy, gates, selfcheck, {'qualification (if no case is host-bound), ' if cuda else ''}"
-        "residency guard")
-    verdict = evaluator.evaluate(source, task.versions / task.baseline_version, best_is_baseline=True)
+    qualify = "qualification (if no case is host-bound), " if cuda and "qualify" in task.stages else ""
+    log(f"checking {version} of task {task.name} on the {panel} panel ({'GPU' if cuda else 'CPU, Triton interpreter'})"
+        f": source policy, selfcheck, {qualify}{', '.join(task.checks) or 'no further checks'}")
+    verdict = evaluator.evaluate(source, source, best_is_baseline=True)  # the selfcheck times the task's baseline
     for stage in verdict["stages"]:
         log(f"  {stage['name']:<10} {'ok' if stage['ok'] else 'FAILED'}  "
             f"{stage['note'] if stage['note'] != 'ok' else ''}")
-    strata = verdict["strata"] or {}
-    parent = current_label(task)  # what methods/main is now, and stays if this is refused
-
-    def fmt(value):
-        return "-" if value is None else f"{value:.3f}"
+    parent = current_label(task)  # what the task's main is now, and stays if this is refused
 
     def record(summary: str, decision: str) -> None:
         # "promote vN", not "vN": the row records no new version, so ledger.rows() (the attempts) never counts it
@@ -81,9 +85,8 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
             "version": f"promote {version}", "time (UTC)": f"{stamp:%Y-%m-%d %H:%M:%S}", "run": "promotion",
             "backend/model": "by hand", "parent": parent,
             "summary / hypothesis": summary + (f"; why: {note}" if note else ""),
-            "correct": correct_cell(verdict), "residency": verdict["residency"] or "-",
-            "balanced": fmt(strata.get("balanced")), "expert-batch": fmt(strata.get("expert-batch")),
-            "score": fmt(verdict["score"]), "decision": decision, "sha256": ledger.solution_sha256(source),
+            "correct": correct_cell(verdict), **metric_cells(task, verdict, "-"), "score": fmt(verdict["score"]),
+            "decision": decision, "sha256": ledger.solution_sha256(source),
             "stable": verdict["stable"]})
 
     failed = verdict["failed_stage"] or "no score"
@@ -101,14 +104,15 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
             f"solution: {verdict['stability_note']} (--verify runs the verifier itself)")
     verified = ""
     if verify:
-        log(f"verifying {version} on the {panel} panel: every gate, then v0 before, {version}, v0 after, one process "
-            "each (several minutes on the visible panel)")
+        log(f"verifying {version} on the {panel} panel: every gate, then {task.baseline_label} before, {version}, "
+            f"{task.baseline_label} after, one process each (several minutes on the visible panel)")
         stage = evaluator.verify(source)
         log(f"  verifier   {'ok' if stage.ok else 'FAILED'}  {stage.note}")
         if not stage.ok:
-            # a refusal on v0's own timing alone is the hosts' noise, not the candidate's: say so, and what to do
-            retry = (f"only the baseline's (v0's) own timing failed, {version}'s groups were within the limit: "
-                     "run the same promotion again" if baseline_noise_only(stage.report or {}) else "")
+            # a refusal on the baseline's own timing alone is the hosts' noise, not the candidate's: say so and what
+            # to do
+            retry = (f"only the baseline's ({task.baseline_label}'s) own timing failed, {version}'s groups were within "
+                     "the limit: run the same promotion again" if baseline_noise_only(stage.report or {}) else "")
             if not force:
                 record(f"refused {version}: verifier on {Path(panel).name}: {stage.note[:400]}; "
                        + (f"{retry}; " if retry else "")

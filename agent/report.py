@@ -16,7 +16,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from agent import ledger
-from agent.config import PROG, Task
+from agent.config import DEFAULT_TASK, MANIFEST, Task
+from agent.ledger import fmt
+from agent.loop import make_hint
 from agent.workspace import RunState, Workspace
 
 STYLE = ("body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}"
@@ -66,7 +68,7 @@ def collect(task: Task, run_id: str) -> RunData:
     state_dir = task.root / "workspace" / ".runs" / run_id
     state = RunState.load(state_dir)
     entries = [e for e in ledger.index_entries(task) if e.get("run") == run_id]
-    rows = [r for r in ledger.rows(task) if ledger.parse_row(r).get("run") == run_id]
+    rows = [r for r in ledger.rows(task) if ledger.parse_row(r, task).get("run") == run_id]
     start_path = state_dir / "start_selfcheck.json"
     start = json.loads(start_path.read_text()) if start_path.is_file() else None
     found = state_dir / CHECKOUT  # runs before it was recorded fall back to the checkout as it is now
@@ -75,13 +77,13 @@ def collect(task: Task, run_id: str) -> RunData:
 
 
 def _cases(report_or_verdict: dict | None) -> dict[str, dict]:
-    """Per case name: median_us, roofline_fraction and v0's median, from a selfcheck report or a verdict."""
+    """Per case name: median_us, roofline_fraction and the baseline's median, from a selfcheck report or a verdict."""
     cases = (report_or_verdict or {}).get("cases", [])
     return {c.get("name") or c["case"]["name"]: c for c in cases}
 
 
 def case_table(data: RunData) -> list[list[str]]:
-    """Per-case latency and fraction of copy bandwidth for v0, the start and the best."""
+    """Per-case latency and fraction of copy bandwidth for the baseline, the start and the best."""
     start = _cases(data.start)
     best_entry = next((e for e in data.entries if e["version"] == data.state.best_label), None)
     best = _cases(best_entry["verdict"]) if best_entry else start
@@ -89,22 +91,25 @@ def case_table(data: RunData) -> list[list[str]]:
     table = []
     for name in names:
         s, b = start.get(name, {}), best.get(name, {})
-        v0_us = s.get("baseline_median_us") or b.get("baseline_median_us")
-        v0_frac = s.get("roofline_fraction") * s["median_us"] / v0_us if s.get("roofline_fraction") and v0_us else None
-        table.append([name, _num(v0_us), _pct(v0_frac), _num(s.get("median_us")), _pct(s.get("roofline_fraction")),
-                      _num(b.get("median_us")), _pct(b.get("roofline_fraction")), _num(b.get("speedup"), "{:.3f}x")])
+        base_us = s.get("baseline_median_us") or b.get("baseline_median_us")
+        base_frac = (s.get("roofline_fraction") * s["median_us"] / base_us if s.get("roofline_fraction") and base_us
+                     else None)
+        speedup = b.get("speedup")
+        table.append([name, _num(base_us), _pct(base_frac), _num(s.get("median_us")), _pct(s.get("roofline_fraction")),
+                      _num(b.get("median_us")), _pct(b.get("roofline_fraction")),
+                      fmt(speedup, ".3f") + ("x" if speedup else "")])
     return table
 
 
-def _num(value, fmt: str = "{:.2f}") -> str:
-    return "-" if value is None else fmt.format(value)
+def _num(value, spec: str = ".2f") -> str:
+    return fmt(value, spec)
 
 
 def _pct(value) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
 
-def score_plot(data: RunData) -> bytes | None:
+def score_plot(data: RunData, baseline: str) -> bytes | None:
     """Score per iteration, kept, reverted and failed attempts marked; None when matplotlib is missing."""
     try:
         import matplotlib
@@ -133,7 +138,7 @@ def score_plot(data: RunData) -> bytes | None:
                 alpha=0.6)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("iteration")
-    ax.set_ylabel("score (speedup over v0)")
+    ax.set_ylabel(f"score (speedup over {baseline})")
     ax.set_title(f"run {data.state.run_id}")
     ax.legend(loc="best", fontsize=8)
     ax.grid(alpha=0.3)
@@ -163,23 +168,28 @@ def sections(task: Task, data: RunData) -> list[tuple[str, object]]:
               ["tokens / cost", f"{s.tokens} / ${s.cost_usd:.4f}"], ["wall time", f"{s.wall_s / 60:.1f} min"],
               ["timing", "CUDA events on the GPU" if s.config.get("cuda")
                          else "Triton interpreter wall times on CPU: not GPU timings"]]
-    promote = (f"`make promote V={best.removeprefix('v')}` (or `{PROG} promote {best}`)"
-               if best.startswith("v") and best != s.start_label
-               else f"nothing to promote: no attempt beat the start ({s.start_label})")
-    if best.startswith("v") and best != s.start_label and not s.config.get("cuda"):
-        promote += (" (chosen on Triton interpreter timings on CPU, not GPU timings: a kernel slow on a GPU can win "
-                    "here; promote it on a GPU machine, which measures it first, or here with FORCE=1)")
     counts = {kind: sum(_kind(e) == kind for e in data.entries) for kind in ("kept", "reverted", "failed")}
+    if not s.config.get("cuda"):
+        valid = [e["version"] for e in data.entries if e["verdict"].get("valid")]
+        promote = (f"nothing was kept: without a GPU the interpreter's wall times rank nothing; {len(valid)} valid "
+                   f"candidate(s) ({', '.join(valid[:8]) or 'none'}) can be measured on a GPU machine "
+                   f"(`{make_hint(task, 'promote', V='N')}` there measures one first), or promoted here with FORCE=1")
+    elif best.startswith("v") and best != s.start_label:
+        promote = f"`{make_hint(task, 'promote', V=best.removeprefix('v'))}`"
+    else:
+        promote = f"nothing to promote: no attempt beat the start ({s.start_label})"
+    base = task.baseline_label
     return [
-        ("Run", [["field", "value"]] + header),
-        ("Outcome", f"best {best}, score {_num(s.best_score, '{:.3f}')} (start {s.start_label}, "
-                    f"{_num((data.start or {}).get('score'), '{:.3f}')}); {counts['kept']} kept, "
+        ("Run", [["field", "value"], ["task", f"{task.name} ({task.folder})"]] + header),
+        ("Outcome", f"best {best}, score {_num(s.best_score, '.3f')} (start {s.start_label}, "
+                    f"{_num((data.start or {}).get('score'), '.3f')}); {counts['kept']} kept, "
                     f"{counts['reverted']} reverted, {counts['failed']} failed. To promote: {promote}."),
         ("Score per iteration", "plot"),
         ("Per case: latency (us) and fraction of copy bandwidth",
-         [["case", "v0 us", "v0 %copy", "start us", "start %copy", "best us", "best %copy", "best vs v0"]]
-         + case_table(data)),
-        ("Ledger rows of this run", [list(ledger.COLUMNS)] + [list(ledger.parse_row(r).values()) for r in data.rows]),
+         [["case", f"{base} us", f"{base} %copy", "start us", "start %copy", "best us", "best %copy",
+           f"best vs {base}"]] + case_table(data)),
+        ("Ledger rows of this run", [list(ledger.columns(task))]
+         + [list(ledger.parse_row(r, task).values()) for r in data.rows]),
     ]
 
 
@@ -199,7 +209,7 @@ def write(task: Task, run_id: str) -> Path:
     data = collect(task, run_id)
     out = task.root / "reports" / run_id
     out.mkdir(parents=True, exist_ok=True)
-    png = score_plot(data)
+    png = score_plot(data, task.baseline_label)
     if png:
         (out / "score.png").write_bytes(png)
     md, page = [f"# kloop run {run_id}", f"_generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC_"], []
@@ -225,17 +235,36 @@ def write(task: Task, run_id: str) -> Path:
 
 
 def write_index(task: Task) -> None:
+    """reports/index.md: every run, grouped by the task it served."""
     runs_dir = task.root / "workspace" / ".runs"
-    rows = [["run", "status", "attempts", "backend", "best", "score", "report"]]
+    groups: dict[str, list[list[str]]] = {}
     for state_dir in sorted(runs_dir.iterdir()) if runs_dir.is_dir() else []:
         if (state_dir / "state.json").is_file():
             s = RunState.load(state_dir)
             link = (f"[report]({s.run_id}/report.md)" if (task.root / "reports" / s.run_id / "report.md").is_file()
                     else "-")
-            rows.append([s.run_id, s.status, str(s.attempts), str(s.config.get("backend")), s.best_label,
-                         _num(s.best_score, "{:.3f}"), link])
+            groups.setdefault(task_of(s), []).append([s.run_id, s.status, str(s.attempts),
+                                                      str(s.config.get("backend")), s.best_label,
+                                                      _num(s.best_score, ".3f"),
+                                                      "GPU" if s.config.get("cuda") else "CPU (interpreter)", link])
+    lines = ["# kloop runs", ""]
+    for name in sorted(groups):
+        lines += [f"## task {name}", "",
+                  _md_table([["run", "status", "attempts", "backend", "best", "score", "timing", "report"]]
+                            + groups[name]), ""]
     (task.root / "reports").mkdir(exist_ok=True)
-    (task.root / "reports" / "index.md").write_text("# kloop runs\n\n" + _md_table(rows) + "\n")
+    (task.root / "reports" / "index.md").write_text("\n".join(lines))
+
+
+def task_of(state: RunState) -> str:
+    """The name of the task a run served, as its state records it (the default task for runs from before that)."""
+    folder = state.config.get("task")
+    if not folder:
+        return DEFAULT_TASK
+    try:
+        return json.loads((Path(folder) / MANIFEST).read_text())["name"]
+    except (OSError, ValueError, KeyError):  # a task folder since removed: its folder's name
+        return Path(folder).name
 
 
 def known_run(task: Task, run_id: str) -> bool:

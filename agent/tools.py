@@ -113,9 +113,9 @@ class Tools:
             base, allowed = self.worktree, [task.candidate_dir, *task.readable]
         resolved = (base / relative).resolve()
         if not any(resolved.is_relative_to((base / folder).resolve()) for folder in allowed):
-            raise PermissionError(f"read_file({path!r}) refused: only the spec ('spec'), {task.ledger}, "
-                                  f"{', '.join(f'{f}/' for f in (task.candidate_dir, task.versions_dir, *task.readable))}"
-                                  " may be read (never the evaluator, the task's adapter or its panels)")
+            folders = ", ".join(f"{f}/" for f in (task.candidate_dir, task.versions_dir, *task.readable))
+            raise PermissionError(f"read_file({path!r}) refused: only the spec ('spec'), {task.ledger} and {folders} "
+                                  "may be read (never the evaluator, the task's adapter or its panels)")
         return resolved
 
     def read_file(self, path: str) -> dict:

@@ -46,7 +46,8 @@ def workspace_lock(root: Path) -> Iterator[None]:
 
 
 def replace_solution(target: Path, source: Path) -> None:
-    """Make ``target``'s .py files exactly ``source``'s."""
+    """Make ``target``'s .py files exactly ``source``'s (a new task's first main: the folder made)."""
+    target.mkdir(parents=True, exist_ok=True)
     for path in solution_files(target):
         path.unlink()
     for path in solution_files(source):
@@ -185,11 +186,11 @@ def pid_alive(pid: int) -> bool:
     return pid > 0
 
 
-def clean(root: Path) -> list[str]:
-    """Remove the worktrees of runs that are over (their branches, versions and rows stay); prune stale entries.
-    Stopped runs (a limit, Ctrl-C) and killed ones keep their worktrees: `--resume` continues them."""
+def clean(root: Path, mine=lambda state: True) -> list[str]:
+    """Remove the worktrees of runs that are over and ``mine`` (their branches, versions and rows stay); prune stale
+    entries. Stopped runs (a limit, Ctrl-C) and killed ones keep their worktrees: `--resume` continues them."""
     removed = []
-    for state in all_runs(root):
+    for state in filter(mine, all_runs(root)):
         workspace = Workspace(root, state.run_id, "")
         if workspace.path.exists() and state.status in ("finished", "failed"):
             workspace.remove()
