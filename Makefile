@@ -5,7 +5,12 @@ VENV := .venv
 PY := $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-SOLUTION ?= methods/main
+# every target serves one task: TASK=<name under tasks/> or a folder holding task.json (default w4a16)
+TASK ?= w4a16
+T := --task $(TASK)
+# SOLUTION defaults to the task's main (each module's own default)
+SOLUTION ?=
+S := $(if $(SOLUTION),--solution $(SOLUTION))
 ITER ?= 20
 SEED ?= 1
 # the visible panel's shapes take hours under the CPU interpreter: without a GPU the default is the smoke panel
@@ -41,47 +46,47 @@ test-gpu: ## GPU tests (pytest mark gpu); run on a CUDA machine
 	@$(PY) -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "make test-gpu: no CUDA GPU (torch.cuda.is_available() is False); run it on a GPU machine (make test runs the CPU tests)")'
 	$(PY) -m pytest -q -m gpu
 
-selfcheck: ## correctness, latency and speedup over v0: SOLUTION=methods/main PANEL=visible|smoke|FILE JSON=out.json
-	$(PY) -m evals.selfcheck --solution $(SOLUTION) --panel $(PANEL) $(if $(JSON),--json $(JSON))
+selfcheck: ## correctness, latency and speedup over the baseline: [TASK=] [SOLUTION=main] PANEL=visible|smoke|FILE JSON=out.json
+	$(PY) -m evals.selfcheck $(T) $(S) --panel $(PANEL) $(if $(JSON),--json $(JSON))
 
-guard: ## the residency contract at its three checkpoints: SOLUTION=methods/main PANEL=visible
-	$(PY) -m evals.residency --solution $(SOLUTION) --panel $(PANEL) $(if $(JSON),--json $(JSON))
+guard: ## the residency contract at its three checkpoints (tasks that declare one): [TASK=] [SOLUTION=] PANEL=visible
+	$(PY) -m evals.residency $(T) $(S) --panel $(PANEL) $(if $(JSON),--json $(JSON))
 
-verify: ## the sealed judge, 3 roles per case: SOLUTION=methods/main PANEL=~/.kloop/panels/sealed-1.json [JSON=]
-	$(PY) -m evals.verifier --solution $(SOLUTION) --panel $(PANEL) $(if $(JSON),--json $(JSON))
+verify: ## the sealed judge, 3 roles per case: [TASK=] [SOLUTION=] PANEL=~/.kloop/panels/sealed-1.json [JSON=]
+	$(PY) -m evals.verifier $(T) --solution $(or $(SOLUTION),$(shell $(PY) -m evals.task main $(TASK))) --panel $(PANEL) $(if $(JSON),--json $(JSON))
 
-gates: ## every hard gate but timing, fast (CPU: Triton interpreter): SOLUTION=methods/main PANEL=smoke
-	$(PY) -m evals.verifier --solution $(SOLUTION) --panel $(PANEL) --gates-only $(if $(JSON),--json $(JSON))
+gates: ## every hard gate but timing, fast (CPU: Triton interpreter): [TASK=] [SOLUTION=] PANEL=smoke
+	$(PY) -m evals.verifier $(T) --solution $(or $(SOLUTION),$(shell $(PY) -m evals.task main $(TASK))) --panel $(PANEL) --gates-only $(if $(JSON),--json $(JSON))
 
-sealed-panel: ## draw a sealed panel outside the repository: SEED=1 [FILE=path]
-	$(PY) -m evals.verifier make-panel --seed $(SEED) $(if $(FILE),--out $(FILE))
+sealed-panel: ## draw a sealed panel outside the repository: [TASK=] SEED=1 [FILE=path]
+	$(PY) -m evals.verifier make-panel $(T) --seed $(SEED) $(if $(FILE),--out $(FILE))
 
-policy: ## the source policy on a solution's files: SOLUTION=methods/main
-	$(PY) -m evals.policy $(SOLUTION)
+policy: ## the source policy on a solution's files: [TASK=] [SOLUTION=]
+	$(PY) -m evals.policy $(or $(SOLUTION),$(shell $(PY) -m evals.task main $(TASK)))
 
-profile: ## roofline and profiler summary per case: SOLUTION=methods/main PANEL=visible [NCU=1 (Nsight Compute)] [JSON=]
-	$(PY) -m evals.profile --solution $(SOLUTION) --panel $(PANEL) $(if $(NCU),--ncu) $(if $(JSON),--json $(JSON))
+profile: ## roofline and profiler summary per case: [TASK=] [SOLUTION=] PANEL=visible [NCU=1 (Nsight Compute)] [JSON=]
+	$(PY) -m evals.profile $(T) $(S) --panel $(PANEL) $(if $(NCU),--ncu) $(if $(JSON),--json $(JSON))
 
-sweep: ## tuning overrides of a solution on the GPU, checked then timed in child processes: SOLUTION= [GRID=evals/sweep_grid.json] [JSON=]
-	$(PY) -m evals.sweep --solution $(SOLUTION) --grid $(GRID) --panel $(PANEL) $(if $(JSON),--json $(JSON))
+sweep: ## tuning overrides of a solution on the GPU, checked then timed in child processes: [TASK=] SOLUTION= [GRID=evals/sweep_grid.json] [JSON=]
+	$(PY) -m evals.sweep $(T) $(S) --grid $(GRID) --panel $(PANEL) $(if $(JSON),--json $(JSON))
 
-bench: ## v0, main and the peers against the host and GPU floors, host us/call (needs CUDA) [NO_PEERS=1] [JSON=]
-	$(PY) -m evals.bench --panel $(PANEL) $(if $(NO_PEERS),--no-peers) $(if $(JSON),--json $(JSON))
+bench: ## the baseline, main and the task's peers against the host and GPU floors, host us/call (needs CUDA) [TASK=] [NO_PEERS=1] [JSON=]
+	$(PY) -m evals.bench $(T) --panel $(PANEL) $(if $(NO_PEERS),--no-peers) $(if $(JSON),--json $(JSON))
 
-qualify: ## host cost, GPU time and the verifier's timed vectors per plan (needs CUDA): SOLUTION= [PANEL=] [QGRID=FILE] [REPEATS=3] [JSON=]
-	$(PY) -m evals.qualify --solution $(SOLUTION) --panel $(PANEL) $(if $(QGRID),--grid $(QGRID)) --repeats $(REPEATS) $(if $(JSON),--json $(JSON))
+qualify: ## host cost, GPU time and the verifier's timed vectors per plan (needs CUDA): [TASK=] SOLUTION= [PANEL=] [QGRID=FILE] [REPEATS=3] [JSON=]
+	$(PY) -m evals.qualify $(T) $(S) --panel $(PANEL) $(if $(QGRID),--grid $(QGRID)) --repeats $(REPEATS) $(if $(JSON),--json $(JSON))
 
-agent-run: ## the optimization loop: ITER=20 [BACKEND=auto|offline|openai] [MODEL=] [PANEL=visible|smoke|FILE] [FROM=main|vN] [TIME=MIN] [RESUME=RUN_ID]
-	$(PY) -m agent run --iters $(ITER) $(if $(RESUME),--resume $(RESUME),$(if $(BACKEND),--backend $(BACKEND)) $(if $(MODEL),--model $(MODEL)) --panel $(PANEL) $(if $(FROM),--from $(FROM)) $(if $(TIME),--time-limit $(TIME)))
+agent-run: ## the optimization loop: [TASK=] ITER=20 [BACKEND=auto|offline|openai] [MODEL=] [PANEL=visible|smoke|FILE] [FROM=main|vN] [TIME=MIN] [RESUME=RUN_ID]
+	$(PY) -m agent run --iters $(ITER) $(if $(RESUME),--resume $(RESUME),$(T) $(if $(BACKEND),--backend $(BACKEND)) $(if $(MODEL),--model $(MODEL)) --panel $(PANEL) $(if $(FROM),--from $(FROM)) $(if $(TIME),--time-limit $(TIME)))
 
-agent-status: ## runs, best kept versions, last ledger rows
-	$(PY) -m agent status
+agent-status: ## runs by task; the task's best kept versions and last ledger rows [TASK=]
+	$(PY) -m agent status $(T)
 
-clean-workspace: ## remove the worktrees of finished runs (branches, versions and rows stay)
-	$(PY) -m agent clean-workspace
+clean-workspace: ## remove the worktrees of the task's finished runs (branches, versions and rows stay) [TASK=]
+	$(PY) -m agent clean-workspace $(T)
 
-report: ## regenerate a run's report: RUN=<run-id>
+report: ## regenerate a run's report (the run records its task): RUN=<run-id>
 	$(PY) -m agent report $(RUN)
 
-promote: ## check vN again and copy it into methods/main: V=N [VERIFY=1 (full verifier, GPU)] [FORCE=1] [NOTE="why"]
-	$(PY) -m agent promote v$(V) $(if $(VERIFY),--verify) $(if $(FORCE),--force) $(if $(NOTE),--note "$(NOTE)")
+promote: ## check vN of the task again and copy it into its main: [TASK=] V=N [VERIFY=1 (full verifier, GPU)] [FORCE=1] [NOTE="why"]
+	$(PY) -m agent promote $(T) v$(V) $(if $(VERIFY),--verify) $(if $(FORCE),--force) $(if $(NOTE),--note "$(NOTE)")

@@ -217,3 +217,26 @@ def baseline_builder(task: Task, baseline_dir: Path | None):
     directory = baseline_dir or task.baseline_dir
     module = load_solution(directory)
     return (lambda weights, case: task.build(module, weights)), str(directory)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m evals.task main [TASK]``: the task's main (for make's defaults); ``list``: the tasks under tasks/."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if argv[:1] == ["main"] and len(argv) <= 2:
+            print(ROOT / read_manifest(resolve(argv[1] if len(argv) == 2 else None))["main"])
+            return 0
+        if argv == ["list"]:
+            for folder in sorted(TASKS_DIR.glob("*/task.json")):
+                manifest = read_manifest(folder.parent)
+                print(f"{manifest['name']:<16} {manifest.get('description', '')}")
+            return 0
+    except TaskError as exc:
+        print(f"task: {exc}", file=sys.stderr)
+        return 2
+    print("usage: python -m evals.task main [TASK] | list", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
