@@ -206,21 +206,24 @@ def run(solution: Path, panel: str, baseline_dir: Path | None = None, log=print,
                    for case in cases]
     else:
         results = []
-        log(HEADER)
+        log(header(task.adapter.MODES))
         for case in cases:
             progress(case.name)
             results.append(evaluate_case(task, module, baseline, case, info.device, plan, report["copy_gbps"]))
-            log(format_row(results[-1]))
+            log(format_row(results[-1], task.adapter.MODES))
     report["cases"] = [asdict(r) for r in results]
     report.update(summarize(results))
     return report
 
 
-HEADER = (f"{'case':<26} {'stratum':<12} {'normal':>7} {'advers':>7} {'median_us':>10} {'GB/s':>8} {'%copy':>6} "
-          f"{'base_us':>9} {'speedup':>8} {'host_us':>8} {'gpu_us':>8} {'stable':>6}")
+def header(modes: tuple[str, ...]) -> str:
+    """The table's header: a column per input regime of the task (its first six letters)."""
+    return (f"{'case':<26} {'stratum':<12} " + "".join(f"{mode[:6]:>7} " for mode in modes)
+            + f"{'median_us':>10} {'GB/s':>8} {'%copy':>6} {'base_us':>9} {'speedup':>8} {'host_us':>8} {'gpu_us':>8} "
+              f"{'stable':>6}")
 
 
-def format_row(r: CaseResult) -> str:
+def format_row(r: CaseResult, modes: tuple[str, ...]) -> str:
     def ok(mode: str) -> str:
         check = r.checks.get(mode)
         return "-" if check is None else ("ok" if check["ok"] else "FAIL")
@@ -228,8 +231,8 @@ def format_row(r: CaseResult) -> str:
     def num(value, fmt: str) -> str:
         return "-" if value is None else format(value, fmt)
 
-    line = (f"{r.case['name']:<26} {r.case['stratum']:<12} {ok('normal'):>7} {ok('adversarial'):>7} "
-            f"{num(r.median_us, '.2f'):>10} {num(r.gbps, '.1f'):>8} "
+    line = (f"{r.case['name']:<26} {r.case['stratum']:<12} " + "".join(f"{ok(mode):>7} " for mode in modes)
+            + f"{num(r.median_us, '.2f'):>10} {num(r.gbps, '.1f'):>8} "
             f"{num(r.roofline_fraction and 100 * r.roofline_fraction, '.1f'):>6} "
             f"{num(r.baseline_median_us, '.2f'):>9} {num(r.speedup, '.3f'):>8} {num(r.host_us, '.2f'):>8} "
             f"{num(r.gpu_us, '.2f'):>8} {'-' if r.stable is None else ('yes' if r.stable else 'NO'):>6}")
