@@ -11,8 +11,9 @@ from pathlib import Path
 import git
 import torch
 
+from agent.config import Task
 from agent.ledger import COLUMNS
-from agent.proposers.space import read_space
+from agent.proposers.space import range_keys, read_space
 from tests.agent.conftest import ROOT, agent_command, agent_env, index, ledger_rows, run_agent, runs
 
 
@@ -78,7 +79,8 @@ def test_an_offline_run_starts_from_the_promoted_main(project: Path, panel: Path
     version = project / "methods" / "versions" / "v1"
     assert sorted(p.name for p in version.iterdir()) == sorted(files + ["parent.patch", "verdict.json"])
     moved = cells[5].split(";")[0].split(" + ")
-    knobs = read_space((ROOT / "methods" / "main" / "solution.py").read_text()).knobs
+    knobs = read_space((ROOT / "methods" / "main" / "solution.py").read_text(),
+                       range_keys(Task.load(ROOT).tier_dims)).knobs
     assert all(any(knob in move.split() for knob in knobs) for move in moved), (cells[5], sorted(knobs))
 
 

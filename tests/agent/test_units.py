@@ -19,6 +19,8 @@ from agent.tools import Tools
 from tests.agent.test_tools import tools  # noqa: F401 (the fixture)
 from tests.conftest import ROOT
 
+W4A16 = Task.load(ROOT)  # the task the offline tests' tables belong to (tiers key on n and k)
+
 
 def propose(tools, profile=None) -> tuple[str, Submitted]:  # noqa: F811
     with pytest.raises(Submitted) as submitted:
@@ -32,16 +34,16 @@ def _sha(text: str) -> str:
 
 def mark_tried(tools, source: str) -> None:  # noqa: F811
     ledger = tools.task.ledger_path
-    ledger.write_text(ledger.read_text() + format_row({"version": "v9", "sha256": _sha(source)}) + "\n")
+    ledger.write_text(ledger.read_text() + format_row({"version": "v9", "sha256": _sha(source)}, tools.task) + "\n")
 
 
 def changes(before: list, after: list) -> set[tuple[str, str, object]]:
     """(table, knob, value) of every entry ``after`` holds differently (a new tier: all its knobs)."""
-    from agent.proposers.space import RANGE_KEYS
+    from agent.proposers.space import range_keys
 
     old = {t.name: t.entries for t in before}
     return {(t.name, k, v) for t in after for k, v in t.entries.items()
-            if k not in RANGE_KEYS and (k not in old.get(t.name, {}) or old[t.name][k] != v)}
+            if k not in range_keys(W4A16.tier_dims) and (k not in old.get(t.name, {}) or old[t.name][k] != v)}
 
 
 # v0 with a tier per stratum (v0 itself reads no TIERS; the search only edits the tables)
@@ -58,7 +60,7 @@ def test_offline_search_follows_the_profile_and_never_repeats_the_ledger(tools):
     v0 = (tools.candidate / "solution.py").read_text()
     source, submitted = propose(tools, {"strata": {"balanced": 1.0, "expert-batch": 0.8}})
     assert submitted.summary == "BLOCK_SIZE_M 32->64"  # one table: get_config's order, toward later values first
-    assert find_table(source).entries["BLOCK_SIZE_K"] == "GROUP_SIZE"  # computed values are kept as written
+    assert find_table(source, W4A16).entries["BLOCK_SIZE_K"] == "GROUP_SIZE"  # computed values are kept as written
     assert "TIERS" not in source  # v0 names no TIERS: a tier would change nothing
     start = v0.replace("\n\n\n@triton.jit", V0_TIERS + "\n\n@triton.jit", 1)
     assert start != v0
@@ -70,7 +72,7 @@ def test_offline_search_follows_the_profile_and_never_repeats_the_ledger(tools):
     assert submitted.summary == "TIERS[1] BLOCK_SIZE_N 64->128" and "BLOCK_SIZE_N tile" in submitted.hypothesis
     # once that solution is in the ledger, the next proposal is another one
     ledger = tools.task.ledger_path
-    ledger.write_text(ledger.read_text() + format_row({"version": "v1", "sha256": _sha(source)}) + "\n")
+    ledger.write_text(ledger.read_text() + format_row({"version": "v1", "sha256": _sha(source)}, tools.task) + "\n")
     (tools.candidate / "solution.py").write_text(start)
     _, submitted = propose(tools, {"strata": {"balanced": 0.8, "expert-batch": 1.0}})
     assert submitted.summary == "TIERS[1] BLOCK_SIZE_N 64->32"
@@ -84,7 +86,7 @@ def test_offline_search_searches_only_declared_knobs_and_their_values(tools):  #
     for _ in range(12):  # without a SEARCH_SPACE, a knob of the solution's own is never moved
         (tools.candidate / "solution.py").write_text(source)
         proposal, submitted = propose(tools)
-        assert "SPLIT_K" not in submitted.summary and find_table(proposal).entries["SPLIT_K"] == 1
+        assert "SPLIT_K" not in submitted.summary and find_table(proposal, W4A16).entries["SPLIT_K"] == 1
         mark_tried(tools, proposal)
     space = ('\n\nSEARCH_SPACE = {"knobs": {"SPLIT_K": {"values": [1, 2, 4], "reason": "more programs along K"},\n'
              '                            "BLOCK_SIZE_M": {"values": [16, 32], "reason": "tl.dot needs 16 rows"}}}\n')
@@ -98,7 +100,7 @@ def test_offline_search_searches_only_declared_knobs_and_their_values(tools):  #
             proposal, submitted = propose(tools)
         except LimitsExceeded:
             break
-        entries = find_table(proposal).entries
+        entries = find_table(proposal, W4A16).entries
         assert entries["BLOCK_SIZE_K"] == "GROUP_SIZE" and entries["BLOCK_SIZE_M"] in (16, 32)  # declared values only
         assert entries["BLOCK_SIZE_N"] == 64 and entries["num_warps"] == 4  # declared knobs only
         assert submitted.summary not in seen
@@ -199,7 +201,7 @@ def test_offline_search_combines_two_knobs_once_every_single_neighbour_is_in_the
     first, second = submitted.summary.split(" + ")
     assert first in singles and second in singles and first.split()[0] != second.split()[0]
     assert "combine two" in submitted.hypothesis
-    entries, base = find_table(proposal).entries, find_table(start).entries
+    entries, base = find_table(proposal, W4A16).entries, find_table(start, W4A16).entries
     assert sum(entries[k] != base[k] for k in base) == 2
 
 
@@ -288,11 +290,11 @@ SEARCH_SPACE = {
 
 def test_offline_search_leaves_out_knobs_that_decide_nothing():
     from agent.proposers.offline import find_tables, single_moves
-    from agent.proposers.space import read_space
+    from agent.proposers.space import range_keys, read_space
 
-    tables, space = find_tables(TWO_TIERS), read_space(TWO_TIERS)
+    tables, space = find_tables(TWO_TIERS, W4A16), read_space(TWO_TIERS, range_keys(W4A16.tier_dims))
     assert [t.name for t in tables] == ["config", "TIERS[0]", "TIERS[1]"]
-    moves = {(m.table, m.knob) for m in single_moves(tables, None, space)}
+    moves = {(m.table, m.knob) for m in single_moves(tables, None, space, W4A16)}
     # both tiers choose their split count (SPLIT_K 0), and with it the reduction
     assert {("TIERS[0]", "MIN_PROGRAMS"), ("TIERS[1]", "MIN_PROGRAMS"), ("TIERS[0]", "REDUCE_MODE")} <= moves
     for knob in ("BLOCK_SIZE_N", "num_stages", "SWAP_AB", "REDUCE_MODE"):
@@ -303,16 +305,16 @@ def test_offline_search_leaves_out_knobs_that_decide_nothing():
     unsplit = TWO_TIERS.replace('"SPLIT_K": 0, "MIN_PROGRAMS": 264, "SWAP_AB"',
                                 '"SPLIT_K": 1, "MIN_PROGRAMS": 264, "SWAP_AB"')
     assert unsplit.count('"SPLIT_K": 1, "MIN_PROGRAMS": 264, "SWAP_AB"') == 2  # no tier splits K any more
-    moves = {(m.table, m.knob) for m in single_moves(find_tables(unsplit), None, space)}
+    moves = {(m.table, m.knob) for m in single_moves(find_tables(unsplit, W4A16), None, space, W4A16)}
     assert not {("TIERS[0]", "REDUCE_MODE"), ("TIERS[0]", "MIN_PROGRAMS"), ("TIERS[1]", "MIN_PROGRAMS")} & moves
 
 
 def test_offline_search_reads_the_drafts_space_and_never_proposes_a_combination_it_refuses(tools):  # noqa: F811
     from agent.proposers.offline import NOT_MEASURED, find_tables, refused
-    from agent.proposers.space import read_space
+    from agent.proposers.space import range_keys, read_space
 
     draft = (ROOT / "methods" / "drafts" / "w4a16" / "solution.py").read_text()
-    space, tables = read_space(draft), find_tables(draft)
+    space, tables = read_space(draft, range_keys(W4A16.tier_dims)), find_tables(draft, W4A16)
     assert refused(tables, space) is None  # the draft holds no combination it refuses (if it declares any)
     launch = {k for k in space.knobs if k.startswith("BLOCK_SIZE_") or k in ("num_warps", "num_stages")}
     held = {k for t in tables for k in t.entries}
@@ -324,7 +326,7 @@ def test_offline_search_reads_the_drafts_space_and_never_proposes_a_combination_
         except LimitsExceeded:
             break
         mark_tried(tools, proposal)
-        after = find_tables(proposal)
+        after = find_tables(proposal, W4A16)
         assert refused(after, space) is None, submitted.summary
         for table in after:  # the same, without refused(): no table's effective values hold a refused combination
             seen = {**after[0].entries, **table.entries}
@@ -355,7 +357,7 @@ def test_offline_search_never_combines_a_move_that_failed_on_its_own(tools):  # 
         if failed is None and submitted.summary.startswith("num_stages"):
             failed = submitted.summary  # as if it did not compile (OutOfResources)
             row |= {"correct": "no", "residency": "-"}
-        ledger.write_text(ledger.read_text() + format_row(row) + "\n")
+        ledger.write_text(ledger.read_text() + format_row(row, tools.task) + "\n")
     assert failed is not None
     seen = []
     for _ in range(25):
