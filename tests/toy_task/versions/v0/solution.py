@@ -1,6 +1,6 @@
 """colscale v0: out = x * gain, one Triton program per BLOCK_SIZE elements of x.
 
-Contract (tests/toy_task/spec.md):
+Contract (the task's spec.md):
     build(gain) -> fn;  fn(x) -> out
     gain fp32 (N,);  x fp32 (M, N);  out fp32 (M, N), a fresh tensor on every call, out[m, n] = x[m, n] * gain[n]
 """
