@@ -1,11 +1,13 @@
 """Stability qualification: will the verifier's dispersion gate pass a plan, and on what margin?
 
-    .venv/bin/python -m evals.qualify --solution DIR [--panel visible|FILE] [--grid FILE] [--repeats 3]
-                                      [--schedules spec,spec-unpinned,spec-thread-pinned] [--json OUT]
-    .venv/bin/python -m evals.qualify --synthetic 5,10,15,20,25,30,40 [--repeats 2] [--schedules ...] [--json OUT]
+    .venv/bin/python -m evals.qualify [--task NAME|DIR] --solution DIR [--panel visible|FILE] [--grid FILE]
+                                      [--repeats 3] [--schedules spec,spec-unpinned,spec-thread-pinned] [--json OUT]
+    .venv/bin/python -m evals.qualify [--task NAME|DIR] --synthetic 5,10,15,20,25,30,40 [--repeats 2]
+                                      [--schedules ...] [--json OUT]
     .venv/bin/python -m evals.qualify --curve A.json [B.json ...]
 
-Per plan (each override dict of ``--grid``, ``{}`` being the solution's own plan) and case: the host cost and the
+Per plan (each override dict of ``--grid``, ``{}`` being the solution's own plan, passed to the task's entry point as
+``config=``) and case of the task's panel (its adapter's weights and inputs): the host cost and the
 GPU time per call (evals/stability.py's probe) and their ratio, then the candidate role's 11 timed group times under
 the verifier's exact schedule (evals/gates.run_schedule: reset, 16,384 primed outputs released, the heater, 8,192
 untimed calls, 11 groups of 512 with the pool rewritten before each and every timed output held until the groups
@@ -15,12 +17,14 @@ max/min over 1.15 is what fails a verifier case. One child process per schedule 
 one schedule after another (candidate code never runs in this process), where the verifier starts a fresh process per
 role and case and runs the gates first; the gates (correctness, residency) are the verifier's and are not repeated
 here. Without CUDA the schedule runs under the interpreter and nothing is qualified (exit 1). ``--synthetic``
-qualifies a callable with a known GPU time instead: ``torch.empty`` and one kernel spinning T microseconds, the
-calibration's controlled points.
+qualifies a callable with a known GPU time instead: ``torch.empty`` of one of the task's outputs (as make bench's host
+floors allocate: the adapter's FLOOR_OUTPUT_SHAPE) and one kernel spinning T microseconds, the calibration's
+controlled points.
 
 ``--curve`` reads qualification JSONs and prints the worst max/min by GPU/host ratio, and the calibrated threshold:
 the smallest ratio at and above which every vector stayed within 1.10 (a margin under the gate). evals/stability.py's
-STABLE_RATIO comes from that. Exit status: 0 when every vector is within 1.15, 1 when one is not, 2 on bad usage.
+STABLE_RATIO comes from that. Exit status: 0 when every vector is within the verifier's dispersion limit (1.15,
+evals/verifier.py's DISPERSION_LIMIT), 1 when one is not, 2 on bad usage.
 """
 from __future__ import annotations
 
@@ -33,12 +37,12 @@ import tempfile
 from pathlib import Path
 
 from evals import kernel_harness as kh
+from evals import task as tasks
+from evals.verifier import DISPERSION_LIMIT as LIMIT  # a role's max/min over it fails a verifier case
 
 ROOT = Path(__file__).resolve().parent.parent
-LIMIT = 1.15  # the verifier's DISPERSION_LIMIT
 MARGIN = 1.10  # what calibration asks of every vector above its threshold
 SCHEDULES = ("spec", "spec-unpinned", "spec-thread-pinned")
-SYNTHETIC_SHAPE = (32, 8192)  # the output the synthetic callable allocates: a visible case's largest M x N
 CHILD_TIMEOUT_S = 1800
 RATIO_BINS = (0.0, 0.8, 1.0, 1.1, 1.2, 1.3, 1.5, 2.0, 3.0, float("inf"))
 
@@ -47,6 +51,7 @@ RATIO_BINS = (0.0, 0.8, 1.0, 1.1, 1.2, 1.3, 1.5, 2.0, 3.0, float("inf"))
 def child_main(argv: list[str]) -> int:
     """One schedule: every (case, overrides) pair timed in turn; a JSON line per pair appended to ``--out``."""
     parser = argparse.ArgumentParser(prog="python -m evals.qualify child")
+    parser.add_argument("--task", required=True)
     parser.add_argument("--solution")
     parser.add_argument("--synthetic", help="comma-separated spin microseconds")
     parser.add_argument("--panel")
@@ -68,35 +73,38 @@ def child_main(argv: list[str]) -> int:
         out.write(json.dumps({**row, "schedule": args.schedule, "pinned_core": pinned}) + "\n")
         out.flush()
 
+    task = tasks.load(args.task)
     if args.synthetic:
         for spin_us in (float(v) for v in args.synthetic.split(",")):
-            emit(time_synthetic(spin_us, schedule, info.device, args.repeats, cores))
+            emit(time_synthetic(task, spin_us, schedule, info.device, args.repeats, cores))
     else:
-        time_solution(Path(args.solution), args.panel, json.loads(args.grid), schedule, info.device, args.repeats,
-                      cores, emit)
+        time_solution(task, Path(args.solution), args.panel, json.loads(args.grid), schedule, info.device,
+                      args.repeats, cores, emit)
     out.close()
     return 0
 
 
-def time_solution(solution: Path, panel: str, grid: list[dict], schedule, device, repeats: int, cores, emit) -> None:
+def time_solution(task: tasks.Task, solution: Path, panel: str, grid: list[dict], schedule, device, repeats: int,
+                  cores, emit) -> None:
     import torch
 
     from evals import gates, stability
     from evals.loader import load_solution
     from evals.selfcheck import CANDIDATE_ERRORS, error_line
 
-    module = load_solution(solution)
-    for case in kh.load_panel(panel):
-        weights = kh.generate(case, "normal", device)
-        pool = kh.make_inputs(case, max(schedule.input_pool, schedule.calls_per_group), seed=gates.POOL_SEED,
-                              device=device)
+    adapter = task.adapter
+    module = load_solution(solution, entry=task.entry)
+    for case in task.cases(panel):
+        weights = adapter.generate(case, "normal", device).weights
+        pool = adapter.make_inputs(case, max(schedule.input_pool, schedule.calls_per_group), seed=gates.POOL_SEED,
+                                   device=device)
 
-        refill = refiller(case, pool, device)
+        refill = refiller(task, case, pool, device)
         for overrides in grid:
             row = {"case": case.name, "stratum": case.stratum, "overrides": overrides, "vectors": []}
             try:
                 extra = {"config": overrides} if overrides else {}
-                fn = module.build(weights.qweight, weights.scales, weights.bias, case.epilogue, **extra)
+                fn = task.build(module, weights, **extra)
                 row.update(stability.probe(fn, pool, device))
                 for repeat in range(repeats):
                     kept: list = []  # every timed output held to the end of its groups, as the verifier's roles do
@@ -112,32 +120,35 @@ def time_solution(solution: Path, panel: str, grid: list[dict], schedule, device
             torch.cuda.empty_cache()
 
 
-def refiller(case: kh.Case, pool: list[tuple], device):
-    """``refill(group)``: the verifier's seeded draw for that group written into the pool in place."""
+def refiller(task: tasks.Task, case, pool: list[tuple], device):
+    """``refill(group)``: the verifier's seeded draw for that group written into the pool in place (every tensor of
+    every call's inputs)."""
     from evals import gates
 
     def refill(group: int) -> None:
-        fresh = gates.group_inputs(case, len(pool), group, device)
-        for (x, residual), (fresh_x, fresh_r) in zip(pool, fresh):
-            x.copy_(fresh_x)
-            residual.copy_(fresh_r)
+        fresh = gates.group_inputs(task, case, len(pool), group, device)
+        for inputs, fresh_inputs in zip(pool, fresh):
+            for tensor, fresh_tensor in zip(inputs, fresh_inputs, strict=True):
+                tensor.copy_(fresh_tensor)
         kh.synchronize(device)
     return refill
 
 
-def time_synthetic(spin_us: float, schedule, device, repeats: int, cores) -> dict:
-    """``torch.empty`` of one visible output and one kernel spinning ``spin_us``: a callable of known GPU time."""
+def time_synthetic(task: tasks.Task, spin_us: float, schedule, device, repeats: int, cores) -> dict:
+    """``torch.empty`` of one of the task's outputs (bench.floor_output) and one kernel spinning ``spin_us``: a
+    callable of known GPU time."""
     import torch
 
-    from evals import gates, stability
+    from evals import bench, gates, stability
 
     if device.type != "cuda":
         raise SystemExit("qualify: --synthetic needs CUDA (the spin kernel is a GPU kernel)")
     dummy = torch.empty(1, device=device)
-    pool = [(dummy, dummy)] * max(schedule.input_pool, schedule.calls_per_group)
+    pool = [(dummy,)] * max(schedule.input_pool, schedule.calls_per_group)
+    shape, dtype = bench.floor_output(task, task.cases("visible"))
 
-    def fn(x, residual):
-        out = torch.empty(SYNTHETIC_SHAPE, dtype=torch.float16, device=device)
+    def fn(*inputs):
+        out = torch.empty(shape, dtype=dtype, device=device)
         stability.spin(device, spin_us)
         return out
 
@@ -200,7 +211,9 @@ def merge(rows: list[dict]) -> list[dict]:
     return list(merged.values())
 
 
-def qualify(args_for_child: list[str], schedules: list[str], log=print) -> dict:
+def qualify(args_for_child: list[str], schedules: list[str], log=print, task: tasks.Task | None = None) -> dict:
+    """Every schedule's child in turn (``args_for_child`` name the task, the solution or the synthetic points), their
+    rows merged and judged against the verifier's limit."""
     info = kh.select_device()
     rows, failures = [], []
     with tempfile.TemporaryDirectory(prefix="kloop-qualify-") as scratch:
@@ -217,8 +230,9 @@ def qualify(args_for_child: list[str], schedules: list[str], log=print) -> dict:
     passed = measured and bool(entries) and not failures and all(e["passed"] for e in entries)
     from evals import stability
 
-    return {"device": info.name, "measured": measured, "limit": LIMIT, "margin": MARGIN,
-            "ratio_min": stability.STABLE_RATIO, "schedules": schedules, "passed": passed, "failures": failures,
+    return {"task": None if task is None else task.name, "device": info.name, "measured": measured, "limit": LIMIT,
+            "margin": MARGIN, "ratio_min": stability.STABLE_RATIO, "schedules": schedules, "passed": passed,
+            "failures": failures,
             "worst": None if worst is None else {"case": worst[0]["case"], "overrides": worst[0]["overrides"],
                                                  "schedule": worst[1]["schedule"],
                                                  "max_min": worst[1]["max_min"]},
@@ -276,7 +290,8 @@ def curve(entries: list[dict]) -> dict:
 
 
 def format_curve(found: dict) -> str:
-    lines = ["| GPU/host ratio | vectors | worst max/min | over 1.10 | over 1.15 |", "|---|---|---|---|---|"]
+    lines = [f"| GPU/host ratio | vectors | worst max/min | over {MARGIN:.2f} | over {LIMIT:.2f} |",
+             "|---|---|---|---|---|"]
     for b in found["bins"]:
         high = "" if b["ratio_to"] == float("inf") else f"{b['ratio_to']:g}"
         lines.append(f"| {b['ratio_from']:g}-{high} | {b['vectors']} | {b['worst_max_min']:.3f} | "
@@ -299,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--solution", help="a solution directory")
     source.add_argument("--synthetic", help="comma-separated spin times in microseconds (calibration points)")
     source.add_argument("--curve", nargs="+", help="qualification JSONs: print the calibration curve")
+    tasks.add_argument(parser)
     parser.add_argument("--panel", help="visible, smoke or a panel JSON file (default: visible with CUDA, else smoke)")
     parser.add_argument("--grid", help="JSON file: a list of override dicts (default [{}], the solution's own plan)")
     parser.add_argument("--repeats", type=int, default=3, help="timed vectors per schedule (default 3)")
@@ -327,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1; got {args.repeats}")
     try:
+        task = tasks.load(args.task)
         if args.synthetic:
             spins = [float(v) for v in args.synthetic.split(",")]
             if not spins or min(spins) <= 0:
@@ -337,18 +354,18 @@ def main(argv: list[str] | None = None) -> int:
         else:
             solution = resolve_solution_dir(args.solution)
             panel = args.panel or kh.default_panel()
-            kh.load_panel(panel)
+            task.cases(panel)
             if Path(panel).is_file():  # the children run in a scratch directory
                 panel = str(Path(panel).resolve())
             grid = json.loads(Path(args.grid).read_text()) if args.grid else [{}]
             if not isinstance(grid, list) or not grid or not all(isinstance(g, dict) for g in grid):
                 raise ValueError(f"--grid {args.grid} must hold a JSON list of override objects ({{}} is the own plan)")
             child = ["--solution", str(solution), "--panel", str(panel), "--grid", json.dumps(grid)]
-        child += ["--repeats", str(args.repeats)]
+        child += ["--task", str(task.folder), "--repeats", str(args.repeats)]
     except (OSError, ValueError, RuntimeError, kh.SetupError) as exc:
         print(f"qualify: {exc}", file=sys.stderr)
         return 2
-    report = qualify(child, schedules, log=lambda line: print(line, flush=True))
+    report = qualify(child, schedules, log=lambda line: print(line, flush=True), task=task)
     print(format_rows(report))
     if report["note"]:
         print("note: " + report["note"])

@@ -1,9 +1,10 @@
 """Whether a callable's timing is measurable: its host cost per call against its GPU time per call.
 
-The verifier fails a case when one role's 11 group times spread over 1.15 (max/min). A call whose GPU work is shorter
-than the host's work to issue it leaves the GPU waiting on the host, so each group's time is the host's, and these
-hosts are noisy (one pinned host loop: max/min 1.40 over 11 groups). A call whose GPU time clears its host cost keeps
-the launch queue full, and the group times are the GPU's, which are steady. ``probe`` measures both numbers in one
+The verifier fails a case when one role's 11 group times spread over its DISPERSION_LIMIT, 1.15 (max/min;
+evals/verifier.py). A call whose GPU work is shorter than the host's work to issue it leaves the GPU waiting on the
+host, so each group's time is the host's, and these hosts are noisy (one pinned host loop: max/min 1.40 over 11
+groups). A call whose GPU time clears its host cost keeps the launch queue full, and the group times are the GPU's,
+which are steady. ``probe`` measures both numbers in one
 pass; ``verdict`` applies the calibrated rule: stable when GPU time >= STABLE_RATIO x host cost.
 
 STABLE_RATIO: on an H200 every timed vector of the synthetic calibration (a spin kernel of known GPU time, all three
@@ -23,9 +24,9 @@ STABLE_RATIO = 1.3
 """GPU time per call over host cost per call at and above which the verifier's timed vectors stay within 1.10."""
 PROBE_CALLS = 128  # calls issued while the GPU is busy: well under the launch queue's depth
 PROBE_ROUNDS = 5
-# Distinct (x, residual) pairs the selfcheck probes with: as many as the verifier's input pool (evals/gates.py, its
-# "spec" schedule), which ``probe`` takes in turn over its rounds, so that its GPU time per call is the one the
-# verifier's groups see. A few inputs cycled stay in the L2 and run shorter (v89's expert-batch plans on an H200: 16
+# Distinct call inputs the selfcheck probes with: as many as the verifier's input pool (evals/gates.py, its "spec"
+# schedule), which ``probe`` takes in turn over its rounds, so that its GPU time per call is the one the verifier's
+# groups see. A few inputs cycled stay in the L2 and run shorter (W4A16's v89 on its expert-batch cases on an H200: 16
 # inputs, in make bench, ran them at 0.6-0.8x the verifier's times; reports/examples/h200-verifier-regime).
 PROBE_POOL = 512
 SPIN_US = 8000.0  # the first busy stretch; doubled while the host needs longer than it to issue the calls

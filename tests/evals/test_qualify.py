@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from evals import qualify, stability
+from evals.task import load
 from tests.conftest import ROOT
 
 FAMILY = str(ROOT / "methods" / "drafts" / "w4a16")
+TASK = load("w4a16")
 
 
 def run_cli(*args, timeout=900):
@@ -42,6 +44,7 @@ def test_qualify_times_the_verifier_schedule_in_a_child_per_schedule_and_qualifi
     assert run.returncode == 1, run.stderr[-2000:]  # nothing measured is nothing qualified
     report = json.loads(out.read_text())
     assert report["measured"] is False and report["passed"] is False and "nothing qualified" in report["note"]
+    assert report["task"] == "w4a16"
     assert not report["failures"]
     assert [row["overrides"] for row in report["rows"]] == [{}, {"SPLIT_K": 2}]
     for row in report["rows"]:
@@ -49,6 +52,22 @@ def test_qualify_times_the_verifier_schedule_in_a_child_per_schedule_and_qualifi
         assert [v["repeat"] for v in row["vectors"]] == [0, 1] and {v["schedule"] for v in row["vectors"]} == {"smoke"}
         assert all(len(v["times_us"]) == 11 and v["max_min"] >= 1.0 for v in row["vectors"])
     assert "NOT passed" in run.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path: the interpreter, nothing qualified")
+def test_another_task_is_qualified_from_its_own_adapter(tmp_path):
+    """The toy task (colscale, one call input): its panel, its weights and inputs, its group draws refilled in place,
+    timed under the verifier's schedule; nothing qualified on CPU."""
+    toy = load(ROOT / "tests" / "toy_task")
+    out = tmp_path / "q.json"
+    run = run_cli("--task", "tests/toy_task", "--solution", str(toy.main_dir), "--panel", "smoke", "--schedules",
+                  "smoke", "--repeats", "1", "--json", str(out))
+    assert run.returncode == 1, run.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["task"] == "colscale" and not report["failures"] and report["measured"] is False
+    assert [row["case"] for row in report["rows"]] == [c.name for c in toy.cases("smoke")]
+    for row in report["rows"]:
+        assert not row["errors"] and [len(v["times_us"]) for v in row["vectors"]] == [11]
 
 
 def test_a_broken_plan_is_a_row_with_its_error_and_fails(tmp_path, panel_file):
@@ -76,6 +95,8 @@ def test_usage_errors_exit_2_with_what_to_do(tmp_path):
     assert run.returncode == 2 and "positive spin times" in run.stderr
     run = run_cli("--curve", str(bad))
     assert run.returncode == 2 and "qualification JSONs" in run.stderr
+    run = run_cli("--task", "no-such-task", "--solution", FAMILY, "--panel", "smoke")
+    assert run.returncode == 2 and "no task 'no-such-task'" in run.stderr
     if not torch.cuda.is_available():
         run = run_cli("--synthetic", "10")
         assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
@@ -102,6 +123,29 @@ def test_the_threshold_is_the_least_ratio_above_which_every_vector_held_the_marg
     assert found["threshold"] == 1.1 and found["calibrated_on"] == "synthetic"
     assert found["outliers"] == [{"case": "r4.0", "schedule": "spec", "ratio": 4.0, "max_min": 1.18}]
     assert "over 1.1 above the threshold: r4.0 spec max/min 1.180" in qualify.format_curve(found)
+    assert "| over 1.10 | over 1.15 |" in qualify.format_curve(found).splitlines()[0]
+
+
+def test_the_limit_is_the_verifiers():
+    from evals import verifier
+
+    assert qualify.LIMIT == verifier.DISPERSION_LIMIT == 1.15
+
+
+def test_the_refill_writes_the_verifiers_group_draw_into_every_input_in_place():
+    """qualify's pool is rewritten before each group with the draw the verifier's roles use (gates.group_inputs):
+    every tensor of every call's inputs, in place (the same storage, the group's values)."""
+    from evals import gates
+
+    case = TASK.cases("smoke")[0]
+    device = torch.device("cpu")
+    pool = TASK.adapter.make_inputs(case, 3, seed=gates.POOL_SEED, device=device)
+    storage = [[t.data_ptr() for t in inputs] for inputs in pool]
+    qualify.refiller(TASK, case, pool, device)(2)
+    want = gates.group_inputs(TASK, case, 3, 2, device)
+    assert [[t.data_ptr() for t in inputs] for inputs in pool] == storage
+    assert all(torch.equal(a, b) for inputs, fresh in zip(pool, want) for a, b in zip(inputs, fresh, strict=True))
+    assert not torch.equal(pool[0][0], TASK.adapter.make_inputs(case, 1, seed=gates.POOL_SEED, device=device)[0][0])
 
 
 @pytest.mark.gpu
@@ -110,12 +154,12 @@ def test_a_device_bound_synthetic_callable_qualifies_and_the_probe_sees_its_gpu_
     device = torch.device("cuda")
     dummy = torch.empty(1, device=device)
 
-    def fn(x, residual):
+    def fn(*inputs):
         out = torch.empty((32, 8192), dtype=torch.float16, device=device)
         stability.spin(device, 60.0)
         return out
 
-    found = stability.probe(fn, [(dummy, dummy)], device)
+    found = stability.probe(fn, [(dummy,)], device)
     assert found["gpu_us"] == pytest.approx(60.0, rel=0.25) and found["host_us"] < found["gpu_us"]
     out = tmp_path / "q.json"
     run = run_cli("--synthetic", "60", "--repeats", "1", "--schedules", "spec", "--json", str(out))
@@ -147,7 +191,6 @@ def test_the_selfcheck_probes_with_the_verifiers_input_pool():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the selfcheck probes only on CUDA")
 def test_on_cuda_the_selfcheck_probe_calls_the_whole_pool_of_distinct_inputs(monkeypatch):
-    from evals import kernel_harness as kh
     from evals import selfcheck
     from evals.loader import load_solution
 
@@ -158,17 +201,18 @@ def test_on_cuda_the_selfcheck_probe_calls_the_whole_pool_of_distinct_inputs(mon
         called = []
         seen.append(called)
 
-        def counted(x, residual):
-            called.append(x.data_ptr())
-            return fn(x, residual)
+        def counted(*call):
+            called.append(call[0].data_ptr())
+            return fn(*call)
         return real_probe(counted, inputs, device, *args, **kwargs)
 
     monkeypatch.setattr(stability, "probe", probe)
     device = torch.device("cuda")
     module = load_solution(ROOT / "methods" / "versions" / "v0")
-    case = kh.load_panel("smoke")[0]
+    case = TASK.cases("smoke")[0]
     plan = selfcheck.TimingPlan(1, 4, 1, 2)
-    result = selfcheck.evaluate_case(module, module, case, device, plan, None)
+    result = selfcheck.evaluate_case(TASK, module, lambda weights, case: TASK.build(module, weights), case, device,
+                                     plan, None)
     assert result.correct and result.gpu_us and result.host_us, result
     # the probe's rounds take the pool in turn: every input of it is called (as many calls as it has, or more)
     assert len(seen) == 1 and len(seen[0]) >= stability.PROBE_POOL
