@@ -13,6 +13,7 @@ from tests.conftest import ROOT
 
 TASK = tasks.load("w4a16")
 W4 = TASK.adapter
+TOY = tasks.load(ROOT / "tests" / "toy_task")  # colscale: a callable baseline, no peers, no FLOOR_OUTPUT_SHAPE
 
 
 @pytest.mark.parametrize("name", ["torch dequant+addmm", "dense fp16 torch"])
@@ -44,19 +45,23 @@ def test_the_rows_are_the_tasks_solutions_then_its_peers():
 
 
 def test_a_callable_baseline_is_a_row_of_its_own_and_peers_are_optional():
-    """A task whose baseline is a callable and whose adapter has no PEERS: the callable is timed as a row (note
-    "baseline") and no peer is run or logged."""
-    made = []
-    adapter = SimpleNamespace(baseline=lambda weights, case: made.append((weights, case)) or "fn")
-    task = tasks.Task("toy", ROOT, {"baseline": {"callable": "adapter.baseline"}}, adapter)
+    """The toy task's baseline is a callable and its adapter has no PEERS: its main, then the callable as a row of its
+    own (note "baseline", the full schedule); no peer is run or logged. Each row's callable is right."""
     logged = []
-    impls = implementations(task, [], peers=True, log=logged.append)
-    assert [(name, note, full) for name, note, _, full in impls] == [("adapter.baseline", "baseline", True)]
-    assert impls[0][2]({"w": 1}, "case") == "fn" and made == [({"w": 1}, "case")] and not logged
+    impls = implementations(TOY, [TOY.main_dir], peers=True, log=logged.append)
+    assert [(name, note, full) for name, note, _, full in impls] == [("main", "ours", True),
+                                                                     ("torch.mul", "baseline", True)]
+    assert not logged
+    for case in TOY.cases("smoke"):
+        problem = TOY.adapter.generate(case, "normal")
+        ref = TOY.adapter.reference(problem.weights, problem.inputs, case)
+        for _, _, build, _ in impls:
+            assert TOY.adapter.check_output(build(problem.weights, case)(*problem.inputs), ref, case).ok
 
 
 def test_the_host_floors_allocate_the_tasks_output():
     assert floor_output(TASK, TASK.cases("visible")) == ((32, 8192), torch.float16)
+    assert floor_output(TOY, TOY.cases("visible")) == ((16, 4096), torch.float32)  # the toy's largest output
     # an adapter without FLOOR_OUTPUT_SHAPE: the largest output among the cases
     adapter = SimpleNamespace(OUTPUT_DTYPE=torch.bfloat16, output_shape=lambda case: case)
     task = tasks.Task("toy", ROOT, {}, adapter)

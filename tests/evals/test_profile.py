@@ -71,6 +71,24 @@ def test_without_a_gpu_it_says_so_and_reports_bytes_and_flop(tmp_path, panel_fil
     assert report["task"] == "w4a16" and f"{case['flop']:,} FLOP per call" in case["evidence"]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_another_task_is_profiled_from_its_own_adapter(tmp_path):
+    """The toy task (colscale): its main by default, its panel, its bytes; it counts no FLOP, and the evidence says
+    bytes alone."""
+    toy = load(ROOT / "tests" / "toy_task")
+    out = tmp_path / "profile.json"
+    run = subprocess.run([sys.executable, "-m", "evals.profile", "--task", "tests/toy_task", "--panel", "smoke",
+                          "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(out.read_text())
+    assert report["task"] == "colscale" and report["solution"] == str(toy.main_dir)
+    cases = toy.cases("smoke")
+    assert [c["case"]["name"] for c in report["cases"]] == [c.name for c in cases]
+    for row, case in zip(report["cases"], cases):
+        assert row["bytes"] == toy.adapter.bytes_moved(case) and row["flop"] is None
+        assert row["evidence"].startswith(f"no GPU: {row['bytes']:,} bytes per call;")
+
+
 def test_the_flop_are_the_adapters_and_optional():
     case = W4.Case("balanced", 18, 256, 512, "silu", 1)
     assert case_flop(TASK, case) == W4.flop(case) == 2 * 18 * 256 * 512
