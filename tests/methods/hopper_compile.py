@@ -21,9 +21,11 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from evals import kernel_harness as kh  # noqa: E402
 from evals.loader import load_solution  # noqa: E402
+from evals.task import load  # noqa: E402
 
+TASK = load("w4a16")
+W4 = TASK.adapter
 POINTERS = {"x_ptr": "*fp16", "q_ptr": "*i32", "s_ptr": "*fp16", "b_ptr": "*fp16", "r_ptr": "*fp16",
             "out_ptr": "*fp16", "acc_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
@@ -196,7 +198,7 @@ def kernel_plan(module, case, overrides=None) -> tuple[str, dict, dict, dict]:
 def main(solution: str) -> None:
     module = load_solution(Path(solution))
     kernels = importlib.import_module(module.__name__.rpartition(".")[0] + ".kernels")
-    cases = kh.load_panel("visible")
+    cases = TASK.cases("visible")
     # every visible plan, the unsplit path, each inline-PTX dequant and the scale before the dot on the first case
     # (ptxas assembles the inline sequences here, so one it rejects shows on CPU), and the stream-K kernel (GRID 1)
     # for each case
@@ -206,7 +208,7 @@ def main(solution: str) -> None:
     jobs += [(cases[0], {"SPLIT_K": 1, "LEAN_MIN_US": 0})]
     jobs += [(case, {"LEAN_MIN_US": 0}) for case in cases if module.plan(case.m, case.k, case.n)["BLOCK_SIZE_N"] == 128]
     # the other widest outputs (64 columns, 3 stages), which no visible case reaches: both loops
-    wide = kh.Case("balanced", 24, 8192, 20480, "gelu_tanh", 0)
+    wide = W4.Case("balanced", 24, 8192, 20480, "gelu_tanh", 0)
     jobs += [(wide, None), (wide, {"LEAN_MIN_US": 0})]
     # the split-K plans of the warp-specialized shapes before their one-wave cap (what non-Hopper GPUs would run
     # with WS_MAX_PROGRAMS 0), both loops
@@ -238,14 +240,14 @@ def main(solution: str) -> None:
 
 def main_ws(solution: str) -> None:
     module = load_solution(Path(solution))
-    cases = [case for case in kh.load_panel("visible") if module.plan(case.m, case.k, case.n)["WS"]]
+    cases = [case for case in TASK.cases("visible") if module.plan(case.m, case.k, case.n)["WS"]]
     jobs = [(case, {"WS_MIN_US": 30}) for case in cases]
     # one consumer warpgroup where the plan has two, and two where it has one
     jobs += [(case, {"WS_MIN_US": 30, "BLOCK_SIZE_N": 64, "WS_MAXNREG": 64, "WS_STAGES": 3, "WS_MAX_PROGRAMS": 528}
               if module.plan(case.m, case.k, case.n)["BLOCK_SIZE_N"] == 128
               else {"WS_MIN_US": 30, "BLOCK_SIZE_N": 128, "WS_MAXNREG": 72, "WS_MAX_PROGRAMS": 264})
              for case in cases]
-    one_row = kh.Case(cases[0].stratum, 1, cases[0].k, cases[0].n, cases[0].epilogue, 0)
+    one_row = W4.Case(cases[0].stratum, 1, cases[0].k, cases[0].n, cases[0].epilogue, 0)
     jobs += [(one_row, {"WS_MIN_US": 30}), (one_row, {"WS_MIN_US": 30, "WS_MAX_PROGRAMS": 0})]  # one wave; split
     print(json.dumps([compile_ws(module, case, overrides) for case, overrides in jobs]))
 

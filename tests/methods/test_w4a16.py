@@ -17,7 +17,11 @@ import torch
 
 from evals import kernel_harness as kh
 from evals.loader import load_solution
+from evals.task import load
 from tests.conftest import ROOT
+
+TASK = load("w4a16")
+W4 = TASK.adapter  # the W4A16 task's encoding, cases, inputs and oracle
 
 FAMILY = ROOT / "methods" / "drafts" / "w4a16"
 S = load_solution(FAMILY)
@@ -27,17 +31,17 @@ DEVICE = kh.select_device().device  # CUDA where present, else CPU tensors under
 
 
 def _check(case, mode="normal", config=None):
-    t = kh.generate(case, mode, DEVICE)
+    t = W4.tensors(case, mode, DEVICE)
     fn = S.build(t.qweight, t.scales, t.bias, case.epilogue, config=config)
     out = fn(t.x, t.residual)
-    ref = kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
-    result = kh.check_output(out, ref, (case.m, case.n))
+    ref = W4.oracle(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
+    result = W4.check(out, ref, (case.m, case.n))
     assert result.ok, f"{case.name} {mode} {config}: {result}"
     return fn, t, out
 
 
-@pytest.mark.parametrize("mode", kh.MODES)
-@pytest.mark.parametrize("case", kh.load_panel("smoke"), ids=lambda c: c.name)
+@pytest.mark.parametrize("mode", W4.MODES)
+@pytest.mark.parametrize("case", TASK.cases("smoke"), ids=lambda c: c.name)
 def test_smoke_panel(case, mode):
     _check(case, mode)
 
@@ -47,20 +51,20 @@ EXTRA = [(m, k, n, ep) for m in (1, 5, 18, 32, 40)
          for (k, n, ep) in ((384, 256, "silu"), (640, 512, "gelu_tanh"), (128, 768, "silu"))]
 
 
-@pytest.mark.parametrize("mode", kh.MODES)
+@pytest.mark.parametrize("mode", W4.MODES)
 @pytest.mark.parametrize("m,k,n,ep", EXTRA)
 def test_extra_shapes(m, k, n, ep, mode):
-    _check(kh.Case("extra", m, k, n, ep, 900 + m), mode)
+    _check(W4.Case("extra", m, k, n, ep, 900 + m), mode)
 
 
 # K = 640 is 5 groups: SPLIT_K 2 gives 2 + 3 groups, 3 gives 1 + 2 + 2; K = 384 (3 groups) with SPLIT_K 2 gives 1 + 2.
 @pytest.mark.parametrize("split_k", [1, 2, 3])
 @pytest.mark.parametrize("m,k,n,ep", [(5, 640, 256, "gelu_tanh"), (18, 384, 512, "silu"), (40, 640, 256, "silu"),
                                       (1, 384, 512, "silu")])
-@pytest.mark.parametrize("mode", kh.MODES)
+@pytest.mark.parametrize("mode", W4.MODES)
 def test_forced_split_k(m, k, n, ep, split_k, mode):
     assert S.plan(m, k, n, {"SPLIT_K": split_k})["SPLIT_K"] == split_k
-    _check(kh.Case("split", m, k, n, ep, 77), mode, {"SPLIT_K": split_k})
+    _check(W4.Case("split", m, k, n, ep, 77), mode, {"SPLIT_K": split_k})
 
 
 @pytest.mark.parametrize("variant", [
@@ -85,9 +89,9 @@ def test_forced_split_k(m, k, n, ep, split_k, mode):
     {"WS_MIN_US": 1}, {"WS_MIN_US": 1, "SPLIT_K": 3}, {"WS_MIN_US": 1, "SPLIT_K": 1},
     {"WS_MIN_US": 1, "BLOCK_SIZE_N": 128, "SPLIT_K": 2, "WS_MAXNREG": 72},
     {"WS_MIN_US": 1, "BLOCK_SIZE_M": 16, "SPLIT_K": 2, "WS_STAGES": 2}])
-@pytest.mark.parametrize("mode", kh.MODES)
+@pytest.mark.parametrize("mode", W4.MODES)
 def test_variants(variant, mode):
-    _check(kh.Case("variant", 19, 640, 512, "gelu_tanh", 5), mode, variant)
+    _check(W4.Case("variant", 19, 640, 512, "gelu_tanh", 5), mode, variant)
 
 
 def _code(words, k, n):
@@ -97,8 +101,8 @@ def _code(words, k, n):
 def test_operand_order_words_hold_every_code_where_the_kernel_unpacks_it():
     """Word 4t + q, nibble 4 e0 + 2 e1 + c1 of a group holds its row 32q + 16 c1 + 8 e1 + 2t + e0; every code of the
     caller's words appears exactly once."""
-    case = kh.Case("repack", 3, 512, 256, "silu", 7)
-    t = kh.generate(case, "normal", DEVICE)
+    case = W4.Case("repack", 3, 512, 256, "silu", 7)
+    t = W4.tensors(case, "normal", DEVICE)
     ordered = PACK.operand_order(t.qweight)
     assert ordered.dtype == torch.int32 and ordered.shape == t.qweight.shape
     for k in (0, 1, 2, 7, 8, 9, 16, 31, 33, 100, 127, 128, 255, 300, 511):
@@ -118,8 +122,8 @@ def test_operand_order_words_hold_every_code_where_the_kernel_unpacks_it():
 
 
 def test_program_blocks_put_each_word_where_its_program_reads_it():
-    case = kh.Case("repack", 3, 512, 512, "silu", 6)
-    t = kh.generate(case, "normal", DEVICE)
+    case = W4.Case("repack", 3, 512, 512, "silu", 6)
+    t = W4.tensors(case, "normal", DEVICE)
     blocks = PACK.program_blocks(t.qweight, 128)
     assert blocks.shape == (4, 4, 128, 16) and blocks.is_contiguous()
     j, n = 9, 300  # word row 9 (group 0, word 9) of column 300 (tile 2, column 44)
@@ -129,10 +133,10 @@ def test_program_blocks_put_each_word_where_its_program_reads_it():
 
 def test_split_clamped_to_groups():
     assert S.plan(18, 256, 256, {"SPLIT_K": 9})["SPLIT_K"] == 2  # 2 groups: each split keeps at least one
-    _check(kh.Case("clamp", 18, 256, 256, "silu", 3), "normal", {"SPLIT_K": 9})
+    _check(W4.Case("clamp", 18, 256, 256, "silu", 3), "normal", {"SPLIT_K": 9})
 
 
-VISIBLE = [(c.m, c.k, c.n) for c in kh.load_panel("visible")]
+VISIBLE = [(c.m, c.k, c.n) for c in TASK.cases("visible")]
 
 
 def test_plans_of_the_visible_shapes():
@@ -150,6 +154,16 @@ def test_plans_of_the_visible_shapes():
     for m in (1, 5, 16, 17, 32, 33, 100):
         cfg = S.plan(m, 8192, 3072)
         assert cfg["BLOCK_SIZE_M"] == (16 if m <= 16 else 32) and cfg["BLOCK_SIZE_K"] == S.GROUP_SIZE
+
+
+def sealed_shapes(seeds: int) -> set[tuple[int, int, int]]:
+    """The (M, K, N) of the sealed panels that seeds 0 .. seeds - 1 draw (the task's make_panel, as the verifier's
+    make-panel calls it)."""
+    from evals.verifier import PER_STRATUM
+
+    visible = TASK.cases("visible")
+    return {(c["m"], c["k"], c["n"]) for seed in range(seeds)
+            for c in W4.make_panel(seed, PER_STRATUM, TASK.strata, visible)["cases"]}
 
 
 def assert_device_bound(cfg, free):
@@ -182,14 +196,12 @@ def test_expert_batch_widths_keep_a_margin_over_the_host_cost():
     """N under 4096 (the expert-batch regime) takes a device-bound floor of 22 us, over the general 16, and the WS
     loop (whose launcher costs more host time a call) only from 45 us predicted; the balanced widths keep the general
     plan. Every plan still follows the device-bound rule."""
-    from evals.verifier import make_panel
-
     general = S.get_config()
     assert (general["DEVICE_BOUND_US"], general["WS_MIN_US"]) == (16, 30)
     tier = S._tier(8192, 1024)
     assert (tier["DEVICE_BOUND_US"], tier["WS_MIN_US"], tier["N_MAX"]) == (22, 45, 4095)
     assert all(not S._tier(k, n) or "DEVICE_BOUND_US" not in S._tier(k, n) for k in (8192, 28672) for n in (4096, 8192))
-    shapes = {(c["m"], c["k"], c["n"]) for seed in range(40) for c in make_panel(seed)["cases"]}
+    shapes = sealed_shapes(40)
     experts = [(m, k, n) for m, k, n in sorted(shapes) if n < 4096]
     assert len(experts) > 100
     for m, k, n in experts:
@@ -359,13 +371,13 @@ def test_the_warp_specialized_loop_on_cuda(config, monkeypatch):
     real, real_encoded = LAUNCH.ws_call, LAUNCH.encoded_call
     monkeypatch.setattr(LAUNCH, "ws_call", lambda *args: made.append(args[0]["WS"]) or real(*args))
     monkeypatch.setattr(LAUNCH, "encoded_call", lambda *args: encoded.append(1) or real_encoded(*args))
-    for case in (kh.Case("ws", 24, 8192, 3072, "gelu_tanh", 21), kh.Case("ws", 5, 640, 512, "silu", 22)):
+    for case in (W4.Case("ws", 24, 8192, 3072, "gelu_tanh", 21), W4.Case("ws", 5, 640, 512, "silu", 22)):
         assert S.plan(case.m, case.k, case.n, config)["WS"] == 1
-        for mode in kh.MODES:
+        for mode in W4.MODES:
             fn, t, first = _check(case, mode, config)
-            ref = kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
+            ref = W4.oracle(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
             for _ in range(3):
-                assert kh.check_output(fn(t.x, t.residual), ref, (case.m, case.n)).ok, (case, mode, config)
+                assert W4.check(fn(t.x, t.residual), ref, (case.m, case.n)).ok, (case, mode, config)
             gc.collect()
             assert not any(o.any().item() for o in gc.get_objects() if type(o) is torch.Tensor
                            and o.dtype == torch.float32 and tuple(o.shape) == (case.m, case.n)), "kept state"
@@ -442,9 +454,7 @@ def test_a_tier_that_sets_the_loop_holds_on_its_leaner_plans_too(monkeypatch):
 def test_unseen_shapes_get_device_bound_plans_by_the_rule_not_by_a_table():
     """Shapes no table names (drawn as sealed panels are): each plan follows the rule, and the model's predicted GPU
     time never rises with more programs (so the rule's search is sound)."""
-    from evals.verifier import make_panel
-
-    shapes = {(c["m"], c["k"], c["n"]) for seed in range(40) for c in make_panel(seed)["cases"]}
+    shapes = sealed_shapes(40)
     assert len(shapes) > 300
     for m, k, n in sorted(shapes):
         assert_device_bound(S.plan(m, k, n), S.plan(m, k, n, {"DEVICE_BOUND_US": 0}))
@@ -502,14 +512,14 @@ def test_tables_and_search_space_are_plain_literals_that_agree_with_plan():
 
 @pytest.mark.parametrize("split_k", [1, 3])
 def test_fresh_outputs_do_not_alias(split_k):
-    case = kh.Case("alias", 18, 384, 256, "silu", 11)
+    case = W4.Case("alias", 18, 384, 256, "silu", 11)
     fn, t, first = _check(case, "normal", {"SPLIT_K": split_k})
     first_copy = first.clone()
-    (x2, r2), = kh.make_inputs(case, 1, seed=99, device=DEVICE)
+    (x2, r2), = W4.make_inputs(case, 1, seed=99, device=DEVICE)
     second = fn(x2, r2)
     assert second is not first and second.data_ptr() != first.data_ptr()
     assert torch.equal(first, first_copy), "an earlier output was overwritten"
-    assert kh.check_output(second, kh.reference(x2, t.qweight, t.scales, t.bias, r2, case.epilogue), (18, 256)).ok
+    assert W4.check(second, W4.oracle(x2, t.qweight, t.scales, t.bias, r2, case.epilogue), (18, 256)).ok
     third = fn(t.x, t.residual)  # same inputs again: equal values, a new tensor
     assert third.data_ptr() not in (first.data_ptr(), second.data_ptr()) and torch.equal(third, first)
     for out in (first, second, third):
@@ -518,8 +528,8 @@ def test_fresh_outputs_do_not_alias(split_k):
 
 
 def test_inputs_unchanged():
-    case = kh.Case("unchanged", 21, 640, 256, "gelu_tanh", 4)
-    t = kh.generate(case, "adversarial", DEVICE)
+    case = W4.Case("unchanged", 21, 640, 256, "gelu_tanh", 4)
+    t = W4.tensors(case, "adversarial", DEVICE)
     copies = [v.clone() for v in (t.qweight, t.scales, t.bias, t.x, t.residual)]
     fn = S.build(t.qweight, t.scales, t.bias, case.epilogue, config={"SPLIT_K": 3})
     fn(t.x, t.residual)
@@ -530,21 +540,21 @@ def test_inputs_unchanged():
 # LAUNCH 2's path, and on Hopper the WS call's: its encoded launcher (WS_LAUNCH 1, the default) and triton's own (0)
 @pytest.mark.parametrize("config", [None, {"WS_MIN_US": 1}, {"WS_MIN_US": 1, "WS_LAUNCH": 0}])
 def test_non_contiguous_and_misaligned_inputs(config):
-    case = kh.Case("layout", 18, 384, 256, "silu", 8)
-    t = kh.generate(case, "normal", DEVICE)
+    case = W4.Case("layout", 18, 384, 256, "silu", 8)
+    t = W4.tensors(case, "normal", DEVICE)
     assert config is None or S.plan(case.m, case.k, case.n, config)["WS"] == 1
     fn = S.build(t.qweight, t.scales, t.bias, case.epilogue, config=config)
-    ref = kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
+    ref = W4.oracle(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
     x_t = t.x.t().contiguous().t()  # same values, column-major
     flat = torch.empty(t.residual.numel() + 1, dtype=torch.float16, device=DEVICE)
     r_off = flat[1:].view(case.m, case.n)  # contiguous but 2 bytes past an aligned base
     r_off.copy_(t.residual)
-    assert kh.check_output(fn(x_t, r_off), ref, (case.m, case.n)).ok
+    assert W4.check(fn(x_t, r_off), ref, (case.m, case.n)).ok
 
 
 def test_validation_errors():
-    case = kh.Case("errors", 18, 256, 256, "silu", 1)
-    t = kh.generate(case, "normal", DEVICE)
+    case = W4.Case("errors", 18, 256, 256, "silu", 1)
+    t = W4.tensors(case, "normal", DEVICE)
     with pytest.raises(ValueError, match="epilogue must be one of"):
         S.build(t.qweight, t.scales, t.bias, "relu")
     with pytest.raises(ValueError, match="scales must be contiguous fp16"):
@@ -595,8 +605,8 @@ def test_scales_off_16_byte_alignment_are_read_from_an_aligned_copy(scale_load):
     """SCALE_LOAD 2 reads the scales as 32-bit pairs: a caller's contiguous scales at a 2-byte offset still give the
     right result (build keeps an aligned copy), and the caller's tensor is left as it was. A misaligned 32-bit read
     faults only on CUDA (this test's guard there); under the interpreter it checks the result and the input."""
-    case = kh.Case("offset-scales", 18, 640, 512, "silu", 21)
-    t = kh.generate(case, "normal", DEVICE)
+    case = W4.Case("offset-scales", 18, 640, 512, "silu", 21)
+    t = W4.tensors(case, "normal", DEVICE)
     groups, n = t.scales.shape
     storage = torch.empty(groups * n + 1, dtype=torch.float16, device=DEVICE)
     scales = storage[1:].view(groups, n)
@@ -604,33 +614,33 @@ def test_scales_off_16_byte_alignment_are_read_from_an_aligned_copy(scale_load):
     assert scales.is_contiguous() and scales.data_ptr() % 16 == 2
     before = scales.clone()
     out = S.build(t.qweight, scales, t.bias, case.epilogue, config={"SCALE_LOAD": scale_load})(t.x, t.residual)
-    ref = kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
-    assert kh.check_output(out, ref, (case.m, case.n)).ok
+    ref = W4.oracle(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
+    assert W4.check(out, ref, (case.m, case.n)).ok
     assert torch.equal(scales, before)
 
 
 def _same_call_again(again, first, ref, case):
     """A repeated call agrees with the oracle; on one thread (the interpreter) also bit for bit with the first. On a
     GPU the splits' atomic adds land in any order, so fp32 rounding may differ in the last bits."""
-    assert kh.check_output(again, ref, (case.m, case.n)).ok
+    assert W4.check(again, ref, (case.m, case.n)).ok
     if DEVICE.type != "cuda":
         assert torch.equal(again, first)
 
 
 @pytest.mark.parametrize("config", [{"SPLIT_K": 3}, {"GRID": 1, "MIN_PROGRAMS": 7}, {"SPLIT_K": 3, "WS_MIN_US": 1}])
 def test_the_kept_accumulator_is_clean_after_every_call_and_kept_for_one_m(config):
-    case = kh.Case("one-launch", 18, 640, 512, "gelu_tanh", 12)
+    case = W4.Case("one-launch", 18, 640, 512, "gelu_tanh", 12)
     fn, t, first = _check(case, "adversarial", config)
     for seed in (1, 2):  # fresh inputs: a leftover partial sum or counter would show in the next result
-        (x, r), = kh.make_inputs(case, 1, seed=seed, device=DEVICE)
+        (x, r), = W4.make_inputs(case, 1, seed=seed, device=DEVICE)
         out = fn(x, r)
-        assert kh.check_output(out, kh.reference(x, t.qweight, t.scales, t.bias, r, case.epilogue), (18, 512)).ok
-    ref = kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
+        assert W4.check(out, W4.oracle(x, t.qweight, t.scales, t.bias, r, case.epilogue), (18, 512)).ok
+    ref = W4.oracle(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
     _same_call_again(fn(t.x, t.residual), first, ref, case)
-    other = kh.Case("one-launch", 7, 640, 512, "gelu_tanh", 12)  # another M takes over the accumulator, and back
-    (x7, r7), = kh.make_inputs(other, 1, seed=3, device=DEVICE)
+    other = W4.Case("one-launch", 7, 640, 512, "gelu_tanh", 12)  # another M takes over the accumulator, and back
+    (x7, r7), = W4.make_inputs(other, 1, seed=3, device=DEVICE)
     out7 = fn(x7, r7)
-    assert kh.check_output(out7, kh.reference(x7, t.qweight, t.scales, t.bias, r7, case.epilogue), (7, 512)).ok
+    assert W4.check(out7, W4.oracle(x7, t.qweight, t.scales, t.bias, r7, case.epilogue), (7, 512)).ok
     _same_call_again(fn(t.x, t.residual), first, ref, case)
     gc.collect()
     accumulators = [o for o in gc.get_objects() if type(o) is torch.Tensor and o.dtype == torch.float32
