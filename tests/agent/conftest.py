@@ -14,7 +14,7 @@ import pytest
 from agent.ledger import ATTEMPT_ROW
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-COPIED = ("agent", "evals", "methods", "prompts", "pyproject.toml", ".gitignore")
+COPIED = ("agent", "evals", "methods", "prompts", "tasks", "pyproject.toml", ".gitignore")
 IGNORED = shutil.ignore_patterns("__pycache__", ".lock", "*.pyc")
 # one tiny case keeps an attempt to a few seconds under the interpreter
 ONE_CASE = {"cases": [{"stratum": "balanced", "m": 19, "k": 256, "n": 256, "epilogue": "silu", "seed": 1}]}

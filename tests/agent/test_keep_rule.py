@@ -1,8 +1,11 @@
 """The keep rule: the task's score (geomean per stratum, harmonic mean across strata) decides, not a geomean over
 cases; a candidate surely slower than the best by both scores against v0 is not timed against the best; residency and
-gates both run for a keeper. The evaluator stages are real subprocesses (stand-in commands that write their JSON)."""
+gates both run for a keeper; without CUDA nothing is a keeper. The evaluator stages are real subprocesses (stand-in
+commands that write their JSON); the GPU path runs with ``cuda=True`` and a task whose stages leave out the
+qualification (test_stability covers it)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -43,10 +46,13 @@ def test_compare_keeps_by_the_task_score_not_by_a_geomean_over_cases():
     assert not compare(None)["keep"]
 
 
-def evaluator(tmp_path: Path) -> Evaluator:
-    task = Task(root=Path(__file__).resolve().parents[2], policy_cmd=("-c", PASS), selfcheck_cmd=("-c", SELFCHECK),
-                residency_cmd=("-c", PASS), gates_cmd=("-c", PASS))
-    return Evaluator(task, "smoke", False, tmp_path / "work")
+def evaluator(tmp_path: Path, cuda: bool = True) -> Evaluator:
+    task = Task.load(Path(__file__).resolve().parents[2])
+    task = dataclasses.replace(task, policy_cmd=("-c", PASS), selfcheck_cmd=("-c", SELFCHECK), gates_cmd=("-c", PASS),
+                               commands={"residency": ("-c", PASS)},
+                               stages=tuple(s for s in task.stages if s != "qualify"))
+    assert task.checks == ("residency", "gates")
+    return Evaluator(task, "smoke", cuda, tmp_path / "work")
 
 
 def solution(tmp_path: Path, name: str, versus_v0: float, versus_best: float) -> Path:
@@ -76,6 +82,17 @@ def test_a_close_candidate_is_timed_against_the_best_and_a_keeper_gets_residency
     names = [s["name"] for s in verdict["stages"]]
     assert names[:3] == ["policy", "selfcheck", "versus_best"] and set(names[3:]) == {"residency", "gates"}
     assert verdict["keep"] and verdict["speedup_over_best"] == 1.1 and "compare_note" not in verdict
+    assert verdict["residency"] == "ok" and verdict["gates"] == "ok" and verdict["gpu_timing"]
+    # the same candidate without CUDA: valid and as fast, but interpreter timings keep nothing, so no check runs
+    verdict = evaluator(tmp_path / "cpu", cuda=False).evaluate(close, best, best_is_baseline=False, full_check=False,
+                                                               best_score=1.5)
+    assert [s["name"] for s in verdict["stages"]] == ["policy", "selfcheck", "versus_best"]
+    assert verdict["valid"] and not verdict["keep"] and verdict["speedup_over_best"] == 1.1
+    assert verdict["residency"] is None and verdict["gates"] is None and not verdict["gpu_timing"]
+    # with --full-check the checks run there too, and still nothing is kept
+    verdict = evaluator(tmp_path / "full", cuda=False).evaluate(close, best, best_is_baseline=False, full_check=True,
+                                                                best_score=1.5)
+    assert set(s["name"] for s in verdict["stages"][3:]) == {"residency", "gates"} and not verdict["keep"]
     # without the best's score (a run that has not measured it) nothing is skipped
     lost = solution(tmp_path, "lost", 0.5, 0.9)
     verdict = evaluator(tmp_path).evaluate(lost, best, best_is_baseline=False, full_check=False, best_score=None)

@@ -10,9 +10,9 @@ from tests.conftest import ROOT
 
 
 def test_every_snapshot_has_one_ledger_row_and_one_index_line():
-    task = Task(root=ROOT)
+    task = Task.load(ROOT)
     snapshots = {p.name for p in task.versions.iterdir() if p.is_dir() and p.name[1:].isdigit()}
-    rows = Counter(ledger.parse_row(line)["version"] for line in ledger.rows(task))
+    rows = Counter(ledger.parse_row(line, task)["version"] for line in ledger.rows(task))
     lines = Counter(entry["version"] for entry in ledger.index_entries(task))
     baseline = task.baseline_version  # written by hand: a row and a snapshot, no evaluation and so no index line
     assert set(rows) == snapshots and max(rows.values()) == 1, "ledger rows and snapshots differ"

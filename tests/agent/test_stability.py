@@ -10,6 +10,7 @@ evaluator commands (real subprocesses that write the JSON the task's selfcheck a
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 
 from agent.config import Task
 from agent.evaluate import Evaluator
-from agent.ledger import COLUMNS, format_row, parse_row, rows
+from agent.ledger import columns, format_row, header, parse_row, rows
 from agent.loop import decision
 from agent.stability import shared_cases, stability_block, unstable_cases
 from agent.tools import profile_text
@@ -69,9 +70,10 @@ PASS = "import json, sys; json.dump({'ok': True, 'cases': []}, open(sys.argv[sys
 
 
 def evaluator(tmp_path: Path, cuda: bool) -> Evaluator:
-    task = Task(root=ROOT, policy_cmd=("-c", PASS), selfcheck_cmd=("-c", SELFCHECK), residency_cmd=("-c", PASS),
-                gates_cmd=("-c", PASS))
-    task.qualify_cmd = ("-c", QUALIFY) + Task(root=ROOT).qualify_cmd[2:]  # the default's arguments
+    task = Task.load(ROOT)
+    task = dataclasses.replace(task, policy_cmd=("-c", PASS), selfcheck_cmd=("-c", SELFCHECK), gates_cmd=("-c", PASS),
+                               commands={"residency": ("-c", PASS)},
+                               qualify_cmd=("-c", QUALIFY) + task.qualify_cmd[2:])  # the default's arguments
     return Evaluator(task, "smoke", cuda, tmp_path / "work")
 
 
@@ -183,8 +185,9 @@ def test_a_keeper_is_qualified_alone_then_checked_and_kept_when_every_vector_pas
     names = [s["name"] for s in verdict["stages"]]
     # the qualification times: it runs alone, after the comparison and before the untimed pair
     assert names[:4] == ["policy", "selfcheck", "versus_best", "qualify"] and set(names[4:]) == {"residency", "gates"}
-    assert qualify_calls(fast) == [f"--repeats 1 --schedules spec --solution {fast} --panel smoke --json "
-                                   f"{tmp_path / 'work' / 'qualify.json'}"]
+    # the task's folder before the stage's own arguments
+    assert qualify_calls(fast) == [f"--repeats 1 --schedules spec --task {ROOT / 'tasks' / 'w4a16'} --solution {fast} "
+                                   f"--panel smoke --json {tmp_path / 'work' / 'qualify.json'}"]
     assert verdict["keep"] and verdict["stable"] == "yes" and verdict["unstable"] == []
     assert decision(verdict).startswith("keep (1.400x best")
 
@@ -228,14 +231,24 @@ def test_a_slower_candidate_is_never_qualified(tmp_path: Path):
 
 def test_without_cuda_nothing_is_qualified_and_nothing_claims_stability(tmp_path: Path):
     """Under the interpreter the agent never calls the qualification and ignores stability fields, whatever a
-    report says: interpreter timings measure nothing about the GPU."""
+    report says: interpreter timings measure nothing about the GPU, so a valid, faster candidate is not kept either
+    and its decision says why."""
     best = solution(tmp_path, "best", 1.0, 1.0)
     fast = solution(tmp_path, "fast", 1.4, 1.4, host_bound=["c1"], qualify_max_min=1.5)
     verdict = evaluator(tmp_path, cuda=False).evaluate(fast, best, best_is_baseline=False, full_check=True,
                                                        best_score=1.0)
-    assert "qualify" not in [s["name"] for s in verdict["stages"]] and not qualify_calls(fast)
-    assert verdict["keep"] and verdict["stable"] == "-" and verdict["unstable"] == []
+    assert [s["name"] for s in verdict["stages"]][:3] == ["policy", "selfcheck", "versus_best"]
+    assert set(s["name"] for s in verdict["stages"][3:]) == {"residency", "gates"} and not qualify_calls(fast)
+    assert verdict["valid"] and not verdict["keep"] and verdict["speedup_over_best"] == pytest.approx(1.4)
+    assert verdict["stable"] == "-" and verdict["unstable"] == []
+    assert decision(verdict) == ("revert (no GPU: nothing is kept on interpreter timings, which rank nothing; "
+                                 "1.400x best, noise 0.005)")
     assert "stab" not in decision(verdict) and "stab" not in verdict["note"]
+    # the same candidate on a GPU, with the qualification passing: kept
+    steady = solution(tmp_path, "steady", 1.4, 1.4, qualify_max_min=1.04)
+    verdict = evaluator(tmp_path / "gpu", cuda=True).evaluate(steady, best, best_is_baseline=False, full_check=False,
+                                                              best_score=1.0)
+    assert verdict["keep"] and decision(verdict) == "keep (1.400x best, noise 0.005)"
 
 
 def gpu_report(*cases: tuple[str, str, bool | None, float | None]) -> dict:
@@ -327,19 +340,24 @@ def test_decision_names_the_unstable_cases_and_the_speedup():
 
 
 def test_the_ledger_has_a_stable_cell_and_rows_without_it_still_read(project: Path):
-    assert COLUMNS[-2:] == ("sha256", "stable")
-    row = format_row({"version": "v7", "decision": "keep (1.2x best, noise 0.01)", "sha256": "ab", "stable": "yes"})
-    assert row.endswith("| ab | yes |") and parse_row(row)["stable"] == "yes"
+    task = Task.load(project)
+    names = columns(task)
+    assert names == ("version", "time (UTC)", "run", "backend/model", "parent", "summary / hypothesis", "correct",
+                     "residency", "balanced", "expert-batch", "score", "decision", "sha256", "stable")
+    row = format_row({"version": "v7", "decision": "keep (1.2x best, noise 0.01)", "sha256": "ab", "stable": "yes"},
+                     task)
+    assert row.endswith("| ab | yes |") and parse_row(row, task)["stable"] == "yes"
     old = "| v3 | t | r | offline | v1 | s | yes | ok | 1.000 | 1.000 | 1.000 | keep (1.1x best, noise 0.01) | cd |"
-    parsed = parse_row(old)
-    assert parsed["sha256"] == "cd" and parsed["stable"] == "-" and list(parsed) == list(COLUMNS)
+    parsed = parse_row(old, task)
+    assert parsed["sha256"] == "cd" and parsed["stable"] == "-" and list(parsed) == list(names)
     # the real ledger (append-only: the 14-column header was appended below the 13-cell rows): its last header, the one
     # new rows go under, names every column, and every row (written with 13 cells or 14) reads whole
     ledger = (project / "methods" / "experiment_log.md").read_text().splitlines()
-    header = [line for line in ledger if line.startswith("| version |")][-1]
-    assert header == format_row(dict(zip(COLUMNS, COLUMNS)))
-    assert ledger[ledger.index(header) + 1] == "|" + "---|" * len(COLUMNS)
-    assert all(len(parse_row(line)) == len(COLUMNS) for line in rows(Task(root=project)))
+    last = [line for line in ledger if line.startswith("| version |")][-1]
+    assert last == format_row(dict(zip(names, names)), task)
+    assert "\n".join(ledger[ledger.index(last):ledger.index(last) + 2]) == header(task)
+    assert ledger[ledger.index(last) + 1] == "|" + "---|" * len(names)
+    assert all(len(parse_row(line, task)) == len(names) for line in rows(task))
 
 
 @pytest.mark.parametrize("stable, shown", [(False, "NO"), (True, "yes"), (None, "-")])

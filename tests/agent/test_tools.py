@@ -2,6 +2,7 @@
 they do not."""
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import subprocess
@@ -12,7 +13,7 @@ import pytest
 from agent.config import Task
 from agent.evaluate import Evaluator
 from agent.exceptions import FormatError, Submitted
-from agent.tools import Tools
+from agent.tools import SPEC_NAMES, Tools, openai_tools, specs
 
 
 @pytest.fixture
@@ -22,19 +23,32 @@ def tools(project: Path, tmp_path: Path) -> Tools:
     (worktree / "methods" / "main" / "solution.py").write_text(
         (project / "methods" / "main" / "solution.py").read_text())
     subprocess.run(["git", "init", "-q"], cwd=worktree, check=True)
-    task = Task(root=project)
+    task = Task.load(project)
     return Tools(task, worktree, Evaluator(task, "smoke", False, tmp_path / "eval"))
 
 
 def test_read_file_allows_spec_ledger_and_methods_only(tools: Tools):
-    assert "W4A16" in tools.read_file("spec")["output"]
+    spec = (tools.task.root / "tasks" / "w4a16" / "spec.md").read_text()
+    assert "W4A16" in spec and SPEC_NAMES == ("spec", "spec.md")
+    for name in ("spec", "spec.md", " spec ", "tasks/w4a16/spec.md"):  # the spec by either name, or its path
+        assert tools.read_file(name) == {"output": spec, "returncode": 0}, name
     assert "| v0 |" in tools.read_file("methods/experiment_log.md")["output"]
     assert "def get_config" in tools.read_file("methods/main/solution.py")["output"]
     assert "def build" in tools.read_file("methods/versions/v0/solution.py")["output"]
+    # the manifest's readable folders (W4A16: methods/) are read from the worktree
+    (tools.worktree / "methods" / "notes").mkdir()
+    (tools.worktree / "methods" / "notes" / "idea.md").write_text("try a wider tile\n")
+    assert tools.read_file("methods/notes/idea.md") == {"output": "try a wider tile\n", "returncode": 0}
+    # never the evaluator, the task's adapter or its panels, nor the other prompts
     for path in ("evals/selfcheck.py", "evals/problems/visible_cases.json", "methods/../evals/policy.py",
-                 "/etc/passwd", "../kloop/evals/verifier.py", "prompts/system.md"):
+                 "/etc/passwd", "../kloop/evals/verifier.py", "prompts/system.md", "tasks/w4a16/adapter.py",
+                 "tasks/w4a16/panels/visible.json", "tasks/w4a16/task.json", "methods/../tasks/w4a16/adapter.py",
+                 "methods/versions/../../tasks/w4a16/panels/smoke.json"):
         denied = tools.read_file(path)
         assert denied["returncode"] == 1 and ("refused" in denied["output"] or "relative" in denied["output"]), path
+    refused = tools.read_file("tasks/w4a16/adapter.py")["output"]
+    assert ("only the spec ('spec'), methods/experiment_log.md and methods/main/, methods/versions/, methods/ may be "
+            "read (never the evaluator, the task's adapter or its panels)") in refused, refused
 
 
 def test_write_file_only_inside_the_candidate(tools: Tools):
@@ -141,3 +155,51 @@ def test_a_tool_that_fails_on_its_input_answers_instead_of_ending_the_run(tools:
                         {"patch": "<<<<<<< SEARCH\nimport torch\n=======\nX = '\ud800'\n>>>>>>> REPLACE"})
     assert failed["returncode"] == 1 and "UnicodeEncodeError" in failed["output"], failed
     assert (tools.candidate / "solution.py").read_text() == source
+
+
+PASS = "import json, sys; json.dump({'ok': True, 'cases': []}, open(sys.argv[sys.argv.index('--json') + 1], 'w'))"
+# a stand-in check: it logs its arguments and fails one case, as a memory guard's report lists them
+FAIL = """
+import json, sys
+from pathlib import Path
+args = sys.argv[1:]
+print('checked', ' '.join(args))
+case = {'case': {'name': 'c1'}, 'ok': False, 'checks': {'alive': {'ok': False, 'message': '3 buffers kept'}}}
+Path(args[args.index('--json') + 1]).write_text(json.dumps({'ok': False, 'cases': [case]}))
+sys.exit(1)
+"""
+
+
+def test_the_tools_are_the_tasks_and_its_declared_checks_dispatch_to_their_stage(project: Path, tmp_path: Path,
+                                                                                  tools: Tools):
+    task = tools.task
+    names = [s["name"] for s in tools.specs]
+    assert names == ["read_file", "write_file", "apply_patch", "run_selfcheck", "run_residency_guard", "run_profile",
+                     "submit"]
+    assert tools.specs == specs(task)
+    guard = next(s for s in tools.specs if s["name"] == "run_residency_guard")
+    assert guard == {"name": "run_residency_guard", "parameters": {},
+                     "description": "Check what the candidate keeps alive against the memory contract."}
+    read = next(s for s in tools.specs if s["name"] == "read_file")["description"]
+    assert "methods/experiment_log.md (the ledger)" in read and "methods/versions/vN/*" in read
+    assert "speedup over v0" in next(s for s in tools.specs if s["name"] == "run_selfcheck")["description"]
+    assert [t["function"]["name"] for t in openai_tools(tools.specs)] == names
+    assert openai_tools(tools.specs)[0]["function"]["parameters"] == {
+        "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+    # a task that declares another check: its tool, not the residency guard, and the call runs the stage's command
+    other = dataclasses.replace(task, stages=("policy", "selfcheck", "memory", "gates"), columns=("memory", "balanced"),
+                                commands={"memory": ("-c", FAIL)}, gates_cmd=("-c", PASS),
+                                tools={"run_memory_check": {"stage": "memory", "description": "Count the buffers."}})
+    checked = Tools(other, tools.worktree, Evaluator(other, "smoke", False, tmp_path / "eval2"))
+    assert [s["name"] for s in checked.specs] == ["read_file", "write_file", "apply_patch", "run_selfcheck",
+                                                  "run_memory_check", "run_profile", "submit"]
+    with pytest.raises(FormatError, match="unknown tool 'run_residency_guard'"):
+        checked.call("run_residency_guard", {})
+    answer = checked.call("run_memory_check", {})
+    assert answer["returncode"] == 1, answer
+    assert answer["output"].startswith(f"checked --task {project / 'tasks' / 'w4a16'} --solution {checked.candidate} "
+                                       "--panel smoke --json ")
+    assert answer["output"].endswith("\nmemory: c1: alive: 3 buffers kept")
+    assert checked.prompt_values() == {"main": "methods/main", "ledger": "methods/experiment_log.md",
+                                       "versions": "methods/versions", "check_tools": "run_memory_check(), ",
+                                       "checks": "memory, gates"}
