@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 
 from agent.config import Task
 from agent.exceptions import LimitsExceeded, ProposerError
-from agent.ledger import ATTEMPT_ROW, parse_row
+from agent.ledger import ATTEMPT_ROW, identity, parse_row, solution_files
 from agent.proposers import IterationContext
 from agent.proposers.space import (Knob, Space, assigned, find_get_config, number, range_keys, read_space,
                                    string_keys)
@@ -383,7 +383,15 @@ class OfflineProposer:
         everything = tables + ([tier] if tier else [])
         ledger = tools.read_file(task.ledger)["output"]
         rows = [parse_row(line, task) for line in ledger.splitlines() if ATTEMPT_ROW.match(line)]
+        # a proposal is tried when a row holds its identity (all its files: solution.py as proposed, the helpers as
+        # they are) or, for rows from before identities hashed every file, solution.py's own hash
+        helpers = {path.name: path.read_bytes() for path in solution_files(tools.candidate)
+                   if path.name != "solution.py"}
         tried = {row.get("sha256") for row in rows} | {_sha(source)}
+
+        def known(proposal: str) -> bool:
+            return (_sha(proposal) in tried
+                    or identity({**helpers, "solution.py": proposal.encode()}) in tried)
         broken = failed_moves(rows, task)
         singles = single_moves(tables, context.profile, space, task, tier, focus)
         first: dict[tuple, Move] = {}
@@ -397,7 +405,7 @@ class OfflineProposer:
         for moves in itertools.chain(((m,) for m in singles), pairs):
             changes = {(m.table, m.knob): m.value for m in moves}
             proposal = render(source, everything, changes)
-            if _sha(proposal) in tried or refused(everything, space, changes):
+            if known(proposal) or refused(everything, space, changes):
                 continue
             where = {m.table for m in moves}
             reason = "; ".join(m.reason for m in moves)
@@ -430,4 +438,5 @@ def failed_moves(rows: list[dict], task: Task) -> set[tuple[str, str, str]]:
 
 
 def _sha(text: str) -> str:
+    """solution.py's own hash: the identity rows written before identities hashed every file carry."""
     return hashlib.sha256(text.encode()).hexdigest()
