@@ -13,8 +13,9 @@ SOLUTION ?=
 S := $(if $(SOLUTION),--solution $(SOLUTION))
 ITER ?= 20
 SEED ?= 1
-# the visible panel's shapes take hours under the CPU interpreter: without a GPU the default is the smoke panel
-PANEL ?= $(if $(shell nvidia-smi -L 2>/dev/null),visible,smoke)
+# PANEL=visible|smoke|FILE; unset, each command takes its default (visible on a GPU, else smoke)
+PANEL ?=
+P := $(if $(PANEL),--panel $(PANEL))
 JSON ?=
 GRID ?= evals/sweep_grid.json
 REPEATS ?= 3
@@ -47,16 +48,16 @@ test-gpu: ## GPU tests (pytest mark gpu); run on a CUDA machine
 	$(PY) -m pytest -q -m gpu
 
 selfcheck: ## correctness, latency and speedup over the baseline: [TASK=] [SOLUTION=main] PANEL=visible|smoke|FILE JSON=out.json
-	$(PY) -m evals.selfcheck $(T) $(S) --panel $(PANEL) $(if $(JSON),--json $(JSON))
+	$(PY) -m evals.selfcheck $(T) $(S) $(P) $(if $(JSON),--json $(JSON))
 
 guard: ## the residency contract at its three checkpoints (tasks that declare one): [TASK=] [SOLUTION=] PANEL=visible
-	$(PY) -m evals.residency $(T) $(S) --panel $(PANEL) $(if $(JSON),--json $(JSON))
+	$(PY) -m evals.residency $(T) $(S) $(P) $(if $(JSON),--json $(JSON))
 
 verify: ## the sealed judge, 3 roles per case: [TASK=] [SOLUTION=] PANEL=~/.kloop/panels/sealed-1.json [JSON=]
-	$(PY) -m evals.verifier $(T) --solution $(or $(SOLUTION),$(shell $(PY) -m evals.task main $(TASK))) --panel $(PANEL) $(if $(JSON),--json $(JSON))
+	$(PY) -m evals.verifier $(T) --solution $(or $(SOLUTION),$(shell $(PY) -m evals.task main $(TASK))) $(P) $(if $(JSON),--json $(JSON))
 
 gates: ## every hard gate but timing, fast (CPU: Triton interpreter): [TASK=] [SOLUTION=] PANEL=smoke
-	$(PY) -m evals.verifier $(T) --solution $(or $(SOLUTION),$(shell $(PY) -m evals.task main $(TASK))) --panel $(PANEL) --gates-only $(if $(JSON),--json $(JSON))
+	$(PY) -m evals.verifier $(T) --solution $(or $(SOLUTION),$(shell $(PY) -m evals.task main $(TASK))) $(P) --gates-only $(if $(JSON),--json $(JSON))
 
 sealed-panel: ## draw a sealed panel outside the repository: [TASK=] SEED=1 [FILE=path]
 	$(PY) -m evals.verifier make-panel $(T) --seed $(SEED) $(if $(FILE),--out $(FILE))
@@ -65,19 +66,19 @@ policy: ## the source policy on a solution's files: [TASK=] [SOLUTION=]
 	$(PY) -m evals.policy $(or $(SOLUTION),$(shell $(PY) -m evals.task main $(TASK)))
 
 profile: ## roofline and profiler summary per case: [TASK=] [SOLUTION=] PANEL=visible [NCU=1 (Nsight Compute)] [JSON=]
-	$(PY) -m evals.profile $(T) $(S) --panel $(PANEL) $(if $(NCU),--ncu) $(if $(JSON),--json $(JSON))
+	$(PY) -m evals.profile $(T) $(S) $(P) $(if $(NCU),--ncu) $(if $(JSON),--json $(JSON))
 
 sweep: ## tuning overrides of a solution on the GPU, checked then timed in child processes: [TASK=] SOLUTION= [GRID=evals/sweep_grid.json] [JSON=]
-	$(PY) -m evals.sweep $(T) $(S) --grid $(GRID) --panel $(PANEL) $(if $(JSON),--json $(JSON))
+	$(PY) -m evals.sweep $(T) $(S) --grid $(GRID) $(P) $(if $(JSON),--json $(JSON))
 
 bench: ## the baseline, main and the task's peers against the host and GPU floors, host us/call (needs CUDA) [TASK=] [NO_PEERS=1] [JSON=]
-	$(PY) -m evals.bench $(T) --panel $(PANEL) $(if $(NO_PEERS),--no-peers) $(if $(JSON),--json $(JSON))
+	$(PY) -m evals.bench $(T) $(P) $(if $(NO_PEERS),--no-peers) $(if $(JSON),--json $(JSON))
 
 qualify: ## host cost, GPU time and the verifier's timed vectors per plan (needs CUDA): [TASK=] SOLUTION= [PANEL=] [QGRID=FILE] [REPEATS=3] [JSON=]
-	$(PY) -m evals.qualify $(T) $(S) --panel $(PANEL) $(if $(QGRID),--grid $(QGRID)) --repeats $(REPEATS) $(if $(JSON),--json $(JSON))
+	$(PY) -m evals.qualify $(T) $(S) $(P) $(if $(QGRID),--grid $(QGRID)) --repeats $(REPEATS) $(if $(JSON),--json $(JSON))
 
 agent-run: ## the optimization loop: [TASK=] ITER=20 [BACKEND=auto|offline|openai] [MODEL=] [PANEL=visible|smoke|FILE] [FROM=main|vN] [TIME=MIN] [RESUME=RUN_ID]
-	$(PY) -m agent run --iters $(ITER) $(if $(RESUME),--resume $(RESUME),$(T) $(if $(BACKEND),--backend $(BACKEND)) $(if $(MODEL),--model $(MODEL)) --panel $(PANEL) $(if $(FROM),--from $(FROM)) $(if $(TIME),--time-limit $(TIME)))
+	$(PY) -m agent run --iters $(ITER) $(if $(RESUME),--resume $(RESUME),$(T) $(if $(BACKEND),--backend $(BACKEND)) $(if $(MODEL),--model $(MODEL)) $(P) $(if $(FROM),--from $(FROM)) $(if $(TIME),--time-limit $(TIME)))
 
 agent-status: ## runs by task; the task's best kept versions and last ledger rows [TASK=]
 	$(PY) -m agent status $(T)

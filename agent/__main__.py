@@ -25,7 +25,8 @@ try:
     from agent.promote import promote
     from agent.proposers import Proposer, make_proposer
     from agent.runner import python_command, python_env, run_command
-    from agent.workspace import RunState, Workspace, all_runs, clean, new_run_id, pid_alive, replace_solution
+    from agent.workspace import (RunState, Workspace, all_runs, clean, default_panel, new_run_id, pid_alive,
+                                 replace_solution, run_state_dir)
 except ModuleNotFoundError as missing:  # a python outside the project's venv: say how to get one, not a traceback
     if (missing.name or "").split(".")[0] in ("agent", "evals"):
         raise
@@ -90,12 +91,13 @@ def resolve_backend(name: str) -> str:
     return "openai" if os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_KEY") else "offline"
 
 
-def resolve_panel(panel: str, cuda: bool) -> tuple[str, str | None]:
-    if panel in ("visible", "smoke"):
+def resolve_panel(panel: str | None, cuda: bool) -> tuple[str, str | None]:
+    """The panel a run uses (the default where none is given) and a note to print, if any."""
+    if panel in (None, "visible", "smoke"):
         if panel == "visible" and not cuda:
             return "smoke", ("no CUDA GPU: using the smoke panel under the Triton interpreter; "
                              "timings are not GPU timings")
-        return panel, None
+        return panel or default_panel(cuda), None
     path = Path(panel).resolve()
     if not path.is_file():
         raise Refused(f"no panel file at {panel}; give visible, smoke or a panel JSON path")
@@ -186,7 +188,7 @@ def new_run(task: Task, config: RunConfig, start: Path) -> tuple[RunState, Works
 
 def resumed_run(args: argparse.Namespace) -> tuple[Task, RunConfig, RunState, Workspace]:
     """A stopped or killed run's task, config, state and worktree, checked; nothing is written yet."""
-    state_dir = ROOT / "workspace" / ".runs" / args.resume
+    state_dir = run_state_dir(ROOT, args.resume)
     if not (state_dir / "state.json").is_file():
         raise Refused(f"no run {args.resume} to resume; `{PROG} status` lists the runs")
     state = RunState.load(state_dir)
@@ -352,7 +354,7 @@ def measured_on(verdict: dict) -> str:
 
 def run_task(run_id: str, given: str | None) -> Task:
     """The task a recorded run served; a --task that names another is refused."""
-    state_dir = ROOT / "workspace" / ".runs" / run_id
+    state_dir = run_state_dir(ROOT, run_id)
     if not (state_dir / "state.json").is_file():
         raise Refused(f"no run {run_id}; `{PROG} status` lists the runs")
     task = load_task(RunState.load(state_dir).config.get("task"))
@@ -397,8 +399,7 @@ def main(argv: list[str] | None = None) -> int:
                           "endpoint (OPENAI_BASE_URL, OPENAI_API_KEY); scripted replays --script; auto is openai when "
                           "either variable is set, else offline")
     run.add_argument("--model", help="model name for the openai backend (default: OPENAI_MODEL, else gpt-4o-mini)")
-    run.add_argument("--panel", default="visible",
-                     help="visible, smoke or a panel JSON file; without CUDA visible becomes smoke")
+    run.add_argument("--panel", help="visible, smoke or a panel JSON file (default: visible on a GPU, else smoke)")
     run.add_argument("--from", dest="start_from", default="main", metavar="main|vN",
                      help="where the candidate starts: methods/main or a version")
     run.add_argument("--resume", metavar="RUN_ID", help="continue a stopped or killed run (`status` lists them)")
@@ -419,8 +420,7 @@ def main(argv: list[str] | None = None) -> int:
                                          "replace the candidate's")
     submit.add_argument("--summary", required=True, help="what changed (the ledger row's summary)")
     submit.add_argument("--hypothesis", help="why it should be faster")
-    submit.add_argument("--panel", default="visible",
-                        help="visible, smoke or a panel JSON file; without CUDA visible becomes smoke")
+    submit.add_argument("--panel", help="visible, smoke or a panel JSON file (default: visible on a GPU, else smoke)")
     submit.add_argument("--from", dest="start_from", default="main", metavar="main|vN",
                         help="the parent it is compared with: methods/main or a version")
     submit.add_argument("--task", metavar="NAME|DIR", help=f"the task (default {DEFAULT_TASK})")

@@ -144,10 +144,10 @@ class Run:
         verdict = evaluator.evaluate(self.tools.candidate, self.best_dir, self.state.best_is_baseline,
                                      self.config.full_check, self.state.best_score, self.best_profile())
         text = summary + (f"; hypothesis: {hypothesis}" if hypothesis and hypothesis not in summary else "")
-        row = {"time (UTC)": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S"), "run": self.state.run_id,
-               "backend/model": self.proposer.label, "parent": self.state.best_label, "summary / hypothesis": text,
-               "correct": correct_cell(verdict), **metric_cells(self.task, verdict, "not run (not kept)"),
-               "score": fmt(verdict["score"]), "decision": decision(verdict), "stable": verdict.get("stable")}
+        # the checks run only for a candidate about to be kept (or with --full-check)
+        row = row_values(self.task, verdict, datetime.now(timezone.utc), run=self.state.run_id,
+                         backend=self.proposer.label, parent=self.state.best_label, summary=text,
+                         decision=decision(verdict), unchecked="not run (not kept)")
         eval_s = time.monotonic() - started
         extra = {"task": self.task.name, "iteration": iteration, "summary": summary, "hypothesis": hypothesis,
                  "keep": verdict["keep"],
@@ -216,6 +216,15 @@ def same_files(candidate: Path, best: Path) -> bool:
     mine, theirs = ledger.solution_files(candidate), ledger.solution_files(best)
     return [p.name for p in mine] == [p.name for p in theirs] and all(
         a.read_bytes() == b.read_bytes() for a, b in zip(mine, theirs))
+
+
+def row_values(task: Task, verdict: dict, when: datetime, *, run: str, backend: str, parent: str, summary: str,
+               decision: str, unchecked: str) -> dict[str, object]:
+    """A ledger row's cells but its version and identity, from an attempt's or a promotion's verdict."""
+    return {"time (UTC)": when.strftime("%Y-%m-%d %H:%M:%S"), "run": run, "backend/model": backend, "parent": parent,
+            "summary / hypothesis": summary, "correct": correct_cell(verdict),
+            **metric_cells(task, verdict, unchecked), "score": fmt(verdict["score"]), "decision": decision,
+            "stable": verdict.get("stable")}
 
 
 def metric_cells(task: Task, verdict: dict, unchecked: str) -> dict[str, str]:

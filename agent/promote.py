@@ -19,10 +19,10 @@ from pathlib import Path
 
 from agent import ledger
 from agent.config import Task
-from agent.evaluate import Evaluator, baseline_noise_only, correct_cell
+from agent.evaluate import Evaluator, baseline_noise_only
 from agent.ledger import fmt
-from agent.loop import make_hint, metric_cells
-from agent.workspace import replace_solution
+from agent.loop import make_hint, row_values
+from agent.workspace import default_panel, replace_solution
 
 
 def current_label(task: Task) -> str:
@@ -66,7 +66,7 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
             f"its speed on a GPU; promote it on a GPU machine ({make_hint(task, 'promote', V=version[1:])} there, "
             "which measures it first), or pass --force (FORCE=1), which the ledger records; nothing promoted")
         return 1
-    panel = panel or ("visible" if cuda else "smoke")
+    panel = panel or default_panel(cuda)
     stamp = datetime.now(timezone.utc)
     evaluator = Evaluator(task, panel, cuda,
                           task.root / "workspace" / ".promotions" / f"{version}-{stamp:%Y%m%d-%H%M%S}")
@@ -81,13 +81,10 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
 
     def record(summary: str, decision: str) -> None:
         # "promote vN", not "vN": the row records no new version, so ledger.rows() (the attempts) never counts it
-        ledger.append_row(task, {
-            "version": f"promote {version}", "time (UTC)": f"{stamp:%Y-%m-%d %H:%M:%S}", "run": "promotion",
-            "backend/model": "by hand", "parent": parent,
-            "summary / hypothesis": summary + (f"; why: {note}" if note else ""),
-            "correct": correct_cell(verdict), **metric_cells(task, verdict, "-"), "score": fmt(verdict["score"]),
-            "decision": decision, "sha256": ledger.solution_sha256(source),
-            "stable": verdict["stable"]})
+        ledger.append_row(task, {"version": f"promote {version}", "sha256": ledger.solution_sha256(source),
+                                 **row_values(task, verdict, stamp, run="promotion", backend="by hand", parent=parent,
+                                              summary=summary + (f"; why: {note}" if note else ""),
+                                              decision=decision, unchecked="-")})
 
     failed = verdict["failed_stage"] or "no score"
     evidence = evaluator.work_dir.relative_to(task.root)  # each stage's JSON report, the verifier's too

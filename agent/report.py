@@ -19,7 +19,7 @@ from agent import ledger
 from agent.config import DEFAULT_TASK, MANIFEST, Task
 from agent.ledger import fmt
 from agent.loop import make_hint
-from agent.workspace import RunState, Workspace
+from agent.workspace import RunState, Workspace, all_runs, run_state_dir
 
 STYLE = ("body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}"
          "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}"
@@ -65,7 +65,7 @@ def environment(root: Path) -> dict:
 
 
 def collect(task: Task, run_id: str) -> RunData:
-    state_dir = task.root / "workspace" / ".runs" / run_id
+    state_dir = run_state_dir(task.root, run_id)
     state = RunState.load(state_dir)
     entries = [e for e in ledger.index_entries(task) if e.get("run") == run_id]
     rows = [r for r in ledger.rows(task) if ledger.parse_row(r, task).get("run") == run_id]
@@ -236,17 +236,12 @@ def write(task: Task, run_id: str) -> Path:
 
 def write_index(task: Task) -> None:
     """reports/index.md: every run, grouped by the task it served."""
-    runs_dir = task.root / "workspace" / ".runs"
     groups: dict[str, list[list[str]]] = {}
-    for state_dir in sorted(runs_dir.iterdir()) if runs_dir.is_dir() else []:
-        if (state_dir / "state.json").is_file():
-            s = RunState.load(state_dir)
-            link = (f"[report]({s.run_id}/report.md)" if (task.root / "reports" / s.run_id / "report.md").is_file()
-                    else "-")
-            groups.setdefault(task_of(s), []).append([s.run_id, s.status, str(s.attempts),
-                                                      str(s.config.get("backend")), s.best_label,
-                                                      _num(s.best_score, ".3f"),
-                                                      "GPU" if s.config.get("cuda") else "CPU (interpreter)", link])
+    for s in all_runs(task.root):
+        link = f"[report]({s.run_id}/report.md)" if (task.root / "reports" / s.run_id / "report.md").is_file() else "-"
+        groups.setdefault(task_of(s), []).append([s.run_id, s.status, str(s.attempts), str(s.config.get("backend")),
+                                                  s.best_label, _num(s.best_score, ".3f"),
+                                                  "GPU" if s.config.get("cuda") else "CPU (interpreter)", link])
     lines = ["# kloop runs", ""]
     for name in sorted(groups):
         lines += [f"## task {name}", "",

@@ -29,6 +29,21 @@ IDENTITY = {"GIT_AUTHOR_NAME": "kloop", "GIT_AUTHOR_EMAIL": "kloop@localhost",
             "GIT_COMMITTER_NAME": "kloop", "GIT_COMMITTER_EMAIL": "kloop@localhost"}
 
 
+def runs_dir(root: Path) -> Path:
+    """Where every run's state lives: workspace/.runs/ (one folder per run id)."""
+    return root / "workspace" / ".runs"
+
+
+def run_state_dir(root: Path, run_id: str) -> Path:
+    return runs_dir(root) / run_id
+
+
+def default_panel(cuda: bool) -> str:
+    """The panel a command uses when none is given: visible on a GPU, else smoke (the visible shapes take hours under
+    the interpreter)."""
+    return "visible" if cuda else "smoke"
+
+
 def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + os.urandom(2).hex()
 
@@ -58,7 +73,7 @@ class Workspace:
     def __init__(self, root: Path, run_id: str, candidate_dir: str):
         self.root, self.run_id, self.candidate_rel = root, run_id, candidate_dir
         self.path = root / "workspace" / run_id
-        self.state_dir = root / "workspace" / ".runs" / run_id
+        self.state_dir = run_state_dir(root, run_id)
         self.branch = f"runs/{run_id}"
 
     @property
@@ -171,9 +186,9 @@ class RunState:
 
 
 def all_runs(root: Path) -> list[RunState]:
-    runs_dir = root / "workspace" / ".runs"
-    return ([RunState.load(p) for p in sorted(runs_dir.iterdir()) if (p / "state.json").is_file()]
-            if runs_dir.is_dir() else [])
+    folder = runs_dir(root)
+    return ([RunState.load(p) for p in sorted(folder.iterdir()) if (p / "state.json").is_file()]
+            if folder.is_dir() else [])
 
 
 def pid_alive(pid: int) -> bool:
