@@ -6,9 +6,12 @@ import sys
 import pytest
 import torch
 
-from evals import kernel_harness as kh
 from evals.loader import load_solution, unload_solution
+from evals.task import load
 from tests.conftest import ROOT
+
+TASK = load("w4a16")
+W4 = TASK.adapter
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 GUARD_CASE = ("expert-batch", 18, 8192, 1024, "gelu_tanh", 7106)
@@ -21,13 +24,12 @@ def v0():
     unload_solution(module)
 
 
-@pytest.mark.parametrize("case", kh.load_panel("visible"), ids=lambda c: c.name)
-@pytest.mark.parametrize("mode", kh.MODES)
+@pytest.mark.parametrize("case", TASK.cases("visible"), ids=lambda c: c.name)
+@pytest.mark.parametrize("mode", W4.MODES)
 def test_v0_is_correct_on_the_visible_panel(v0, case, mode):
-    t = kh.generate(case, mode, "cuda")
+    t = W4.tensors(case, mode, "cuda")
     out = v0.build(t.qweight, t.scales, t.bias, case.epilogue)(t.x, t.residual)
-    result = kh.check_output(out, kh.reference(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue),
-                             (case.m, case.n))
+    result = W4.check(out, W4.oracle(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue), (case.m, case.n))
     assert result.ok, result.message
 
 
