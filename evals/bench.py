@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--solutions", nargs="+",
                         help="our solutions to time (default: the task's baseline version and its main)")
     parser.add_argument("--no-peers", action="store_true",
-                        help="time our solutions only (the peers take minutes: a dequantizing peer is ~1 ms a call)")
+                        help="time our solutions only (the peers take minutes: a slow peer is ~1 ms a call)")
     parser.add_argument("--json", help="write the full report here")
     args = parser.parse_args(argv)
     try:

@@ -366,9 +366,9 @@ def parse_overrides(text: str | None) -> dict | None:
     try:
         overrides = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"--overrides is not JSON ({exc.msg}); give an object, e.g. '{{\"DEQUANT\": 3}}'") from None
+        raise ValueError(f"--overrides is not JSON ({exc.msg}); give an object, e.g. '{{\"num_warps\": 8}}'") from None
     if not isinstance(overrides, dict):
-        raise ValueError(f"--overrides must be a JSON object, e.g. '{{\"DEQUANT\": 3}}'; got {text!r}")
+        raise ValueError(f"--overrides must be a JSON object, e.g. '{{\"num_warps\": 8}}'; got {text!r}")
     return overrides
 
 

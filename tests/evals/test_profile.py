@@ -158,4 +158,4 @@ def test_the_ncu_kernel_filter_is_the_bare_function_name(name, want):
 def test_bad_overrides_are_a_usage_error_that_shows_the_form(overrides, message):
     run = subprocess.run([sys.executable, "-m", "evals.profile", "--solution", "methods/drafts/w4a16", "--panel",
                           "smoke", "--overrides", overrides], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 2 and message in run.stderr and '{"DEQUANT": 3}' in run.stderr, run.stderr
+    assert run.returncode == 2 and message in run.stderr and '{"num_warps": 8}' in run.stderr, run.stderr
