@@ -21,7 +21,10 @@ The adapter's interface (``tasks/w4a16/adapter.py`` is the full example, ``tests
     residency(case)               (only where the manifest declares the residency stage) the allowance: an object
                                   whose ``audit(point, new)`` returns the violations of a checkpoint
     baseline(weights, case)       (only for a callable baseline) the yardstick's callable for those weights
-    peers                         (optional) {name: builder(weights, case) -> callable}: what make bench sets beside
+    PEERS                         (optional) {name: (builder(weights, case) -> callable, note)}: what make bench sets
+                                  beside the solutions; skipped_peers() -> lines for peers it cannot run here
+    flop(case), FLOOR_OUTPUT_SHAPE   (optional) FLOP per call for the profile; the output the bench's host floors
+                                  allocate (default: the panel's largest output)
 """
 from __future__ import annotations
 
