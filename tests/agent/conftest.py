@@ -83,14 +83,41 @@ def run_agent(project: Path, *args: str, timeout: float = 240, **env: str) -> su
     return done
 
 
-def ledger_rows(project: Path) -> list[str]:
-    return [line for line in (project / "methods" / "experiment_log.md").read_text().splitlines()
-            if ATTEMPT_ROW.match(line)]
+def manifest(project: Path, task: str = "w4a16") -> dict:
+    return json.loads((project / "tasks" / task / "task.json").read_text())
 
 
-def index(project: Path) -> list[dict]:
-    path = project / "methods" / "versions" / "index.jsonl"
+def ledger_rows(project: Path, task: str = "w4a16") -> list[str]:
+    """The attempt rows of the task's ledger (none before its first attempt)."""
+    path = project / manifest(project, task)["ledger"]
+    return [line for line in path.read_text().splitlines() if ATTEMPT_ROW.match(line)] if path.is_file() else []
+
+
+def index(project: Path, task: str = "w4a16") -> list[dict]:
+    path = project / manifest(project, task)["versions"] / "index.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def add_task(project: Path, name: str, **fields: object) -> Path:
+    """tasks/``name``/, committed: W4A16's manifest (its adapter, spec and panels) under another name, with records of
+    its own under its folder (main and versions/v0 copies of v0, a ledger its first row starts), ``fields`` replacing
+    the manifest's."""
+    data = manifest(project) | {"name": name, "main": f"tasks/{name}/main", "versions": f"tasks/{name}/versions",
+                                "ledger": f"tasks/{name}/experiment_log.md", "readable": []} | fields
+    folder = project / "tasks" / name
+    folder.mkdir()
+    (folder / "task.json").write_text(json.dumps(data, indent=2) + "\n")
+    for key in ("main", "versions"):
+        if not (project / data[key]).exists():
+            (project / data[key]).mkdir(parents=True)
+    if not (project / data["versions"] / "v0").exists():
+        shutil.copytree(project / "methods" / "versions" / "v0", project / data["versions"] / "v0")
+    if not (project / data["main"] / "solution.py").exists():
+        shutil.copy2(project / "methods" / "versions" / "v0" / "solution.py", project / data["main"] / "solution.py")
+    git = ["git", "-c", "user.name=test", "-c", "user.email=test@localhost"]
+    subprocess.run(git + ["add", "-A"], cwd=project, check=True)
+    subprocess.run(git + ["commit", "-qm", f"task {name}"], cwd=project, check=True)
+    return folder
 
 
 def runs(project: Path) -> list[dict]:

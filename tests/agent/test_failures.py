@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.agent.conftest import index, ledger_rows, run_agent, runs
+from tests.agent.conftest import add_task, index, ledger_rows, manifest, run_agent, runs
 
 RAISES = "    raise RuntimeError('candidate broke on purpose')\n"
 HANGS = "    while True:\n        pass\n"
@@ -23,10 +23,10 @@ def candidate(project: Path, body: str, header: str = "") -> str:
     return header + source
 
 
-def script(path: Path, *sources: tuple[str, str]) -> Path:
+def script(path: Path, *sources: tuple[str, str], main: str = "methods/main") -> Path:
     calls = []
     for summary, source in sources:
-        calls += [{"tool": "write_file", "args": {"path": "methods/main/solution.py", "content": source}},
+        calls += [{"tool": "write_file", "args": {"path": f"{main}/solution.py", "content": source}},
                   {"tool": "submit", "args": {"summary": summary, "hypothesis": "the run records it and goes on"}}]
     path.write_text(json.dumps(calls))
     return path
@@ -63,20 +63,38 @@ def test_raising_and_hanging_and_forbidden_candidates_are_recorded(project: Path
 
 def test_a_candidate_that_kills_its_process_is_recorded(project: Path, panel: Path):
     # The policy (run by the policy stage, inside the verifier's gates and by the evaluator's loader before any
-    # candidate code) would stop this candidate before it runs. A task whose policy stand-in passes everything and
-    # whose selfcheck is the real one with the loader's policy check off (an argument of evals.selfcheck.main that the
-    # command line does not offer) lets the crash reach the selfcheck process: it dies of SIGKILL before any gate runs.
-    clean = ("import json, sys; "
+    # candidate code) would stop this candidate before it runs. A task whose policy stand-in passes everything (and
+    # prints 5000 characters, more than a verdict keeps) and whose selfcheck is the real one with the loader's policy
+    # check off (an argument of evals.selfcheck.main that the command line does not offer) lets the crash reach the
+    # selfcheck process: it dies of SIGKILL before any gate runs. The task is W4A16's with those two commands and
+    # records of its own.
+    clean = ("import json, sys; print('p' * 4999 + 'P'); "
              "json.dump({'clean': True, 'files': {}}, open(sys.argv[sys.argv.index('--json') + 1], 'w'))")
     selfcheck = "import sys, evals.selfcheck as s; sys.exit(s.main(sys.argv[1:], enforce_policy=False))"
-    task = project.parent / "task.json"
-    task.write_text(json.dumps({"policy_cmd": ["-c", clean], "selfcheck_cmd": ["-c", selfcheck]}))
+    add_task(project, "crashy",
+             commands=manifest(project)["commands"] | {"policy": ["-c", clean], "selfcheck": ["-c", selfcheck]})
     calls = script(project.parent / "script.json", ("kills itself", candidate(project, KILLS_ITSELF, "import os\n")),
-                   ("raises", candidate(project, RAISES)))
+                   ("raises", candidate(project, RAISES)), main="tasks/crashy/main")
     run_agent(project, "run", "--iters", "2", "--backend", "scripted", "--script", str(calls), "--panel", str(panel),
-              "--task", str(task))
-    verdicts = {e["summary"]: e["verdict"] for e in index(project)}
+              "--task", "crashy")
+    assert not index(project) and len(ledger_rows(project)) == 1, "W4A16's records stay as they were"
+    entries = index(project, "crashy")
+    assert [(e["version"], e["task"]) for e in entries] == [("v1", "crashy"), ("v2", "crashy")]
+    verdicts = {e["summary"]: e["verdict"] for e in entries}
     killed = verdicts["kills itself"]
-    assert killed["failed_stage"] == "selfcheck" and "killed by signal 9" in killed["note"]
+    # the note names the signal and the stage's last output: the case it was checking when it died
+    assert killed["failed_stage"] == "selfcheck"
+    assert killed["note"].startswith("selfcheck: crashed: killed by signal 9; its last output: "), killed["note"]
+    assert "checking 19x256x256-silu" in killed["note"]
     assert verdicts["raises"]["failed_stage"] == "selfcheck", "the run went on after the crash"
-    assert "selfcheck crashed" in ledger_rows(project)[1]
+    row = ledger_rows(project, "crashy")[0]
+    assert row.startswith("| v1 |") and "| revert: selfcheck crashed: killed by signal 9; its last output: " in row
+    assert "checking 19x256x256-silu" in row.split(" | ")[-3], row  # in the decision cell
+    # the index keeps a line small: no stage's output; the snapshot's verdict.json keeps each stage's last 3000
+    # characters
+    assert all("output" not in stage for e in entries for stage in e["verdict"]["stages"])
+    kept = json.loads((project / "tasks" / "crashy" / "versions" / "v1" / "verdict.json").read_text())
+    policy, check = kept["stages"]
+    assert policy["name"] == "policy" and policy["output"] == "p" * 2998 + "P\n"
+    assert check["name"] == "selfcheck" and check["returncode"] == -9 and check["note"] in killed["note"]
+    assert "checking 19x256x256-silu" in check["output"] and len(check["output"]) <= 3000

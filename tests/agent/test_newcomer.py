@@ -63,7 +63,8 @@ def test_a_bad_panel_start_or_backend_is_refused_before_anything_is_written(proj
     bad = [(["run", "--iters", "1", "--panel", str(malformed)], ("malformed.json", "panel")),
            (["run", "--iters", "1", "--panel", str(empty)], ("empty.json", "no cases")),
            (["run", "--iters", "1", "--panel", str(project.parent / "absent.json")], ("absent.json",)),
-           (["run", "--iters", "1", "--panel", str(panel), "--from", "v9999"], ("--from v9999", "v0")),
+           (["run", "--iters", "1", "--panel", str(panel), "--from", "v9999"],
+            ("--from v9999", "an existing version of task w4a16", "methods/versions/v9999/solution.py")),
            (["run", "--iters", "1", "--panel", str(panel), "--backend", "scripted"], ("--script",)),
            (["submit", str(solution), "--summary", "s", "--panel", str(malformed)], ("malformed.json",))]
     for args, words in bad:
@@ -205,7 +206,7 @@ def test_the_commands_people_are_told_to_type_work_and_a_missing_dependency_name
 
 def record_by_hand(project: Path, version: str, score: str, decision: str, panel: str, gpu_timing: bool) -> None:
     """``version``: a copy of v0 with its row and index line, as a run on ``panel`` records it."""
-    task = Task(root=project)
+    task = Task.load(project)
     shutil.copytree(task.versions / "v0", task.versions / version)
     row = {"version": version, "time (UTC)": "2026-12-01 00:00:00", "run": "r", "backend/model": "offline",
            "parent": "v0", "summary / hypothesis": "s", "correct": "yes", "residency": "ok", "balanced": score,
@@ -276,9 +277,14 @@ def test_status_says_where_each_best_was_measured(project: Path):
     record_by_hand(project, "v1", "1.300", "keep (1.300x best, noise 0.01)", "visible", gpu_timing=True)
     record_by_hand(project, "v2", "2.500", "keep (2.500x best, noise 0.4)", "/tmp/x/panel.json", gpu_timing=False)
     status = run_agent(project, "status").stdout.splitlines()
-    assert "  visible panel, GPU: v1 1.300" in status, status
-    assert "  panel.json panel, CPU interpreter: v2 2.500" in status, status
-    assert "  panel and device not recorded: v0 1.000" in status, status
+    assert status[:2] == ["0 run(s)", "task w4a16 (methods/experiment_log.md):"], status
+    assert status[2] == "  best kept versions, by where they were measured (scores compare only within one line):"
+    assert "    visible panel, GPU: v1 1.300" in status, status
+    assert "    panel and device not recorded: v0 1.000" in status, status
+    # a keep on interpreter timings (a row from before nothing was kept without a GPU) ranks nothing: never a best
+    assert not any("v2" in line for line in status if "panel" in line), status
+    assert "  kept on interpreter timings, which rank nothing (not listed as best): v2" in status, status
+    assert status[status.index("  last rows:") + 1:] == ["    " + line for line in ledger_rows(project)[-5:]]
 
 
 def test_a_rejected_submit_exits_1(project: Path, panel: Path):

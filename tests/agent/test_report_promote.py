@@ -12,7 +12,7 @@ import torch
 from agent import ledger
 from agent.config import Task
 from agent.promote import current_label
-from tests.agent.conftest import agent_command, agent_env, ledger_rows, run_agent, runs
+from tests.agent.conftest import agent_command, agent_env, index, ledger_rows, run_agent, runs
 
 
 def promotion_rows(project: Path) -> list[str]:
@@ -45,14 +45,26 @@ def test_a_run_ends_with_a_report_and_an_index(project: Path, finished_run: str)
     assert (out / "score.png").read_bytes().startswith(b"\x89PNG")
     page = (out / "report.html").read_text()
     assert "data:image/png;base64," in page and 'src="http' not in page and "<link" not in page
-    assert finished_run in (project / "reports" / "index.md").read_text()
+    assert "| task | w4a16 (tasks/w4a16) |" in markdown
+    # nothing is kept on interpreter timings: the outcome says so and names the valid candidates
+    valid = [e["version"] for e in index(project) if e["verdict"]["valid"]]
+    assert not any(e["keep"] for e in index(project)) and "0 kept" in markdown
+    assert (f"nothing was kept: without a GPU the interpreter's wall times rank nothing; {len(valid)} valid "
+            f"candidate(s) ({', '.join(valid) or 'none'}) can be measured on a GPU machine (`make promote V=N` there "
+            "measures one first), or promoted here with FORCE=1") in markdown
+    # the index: a section per task, each run with where it was timed
+    listing = (project / "reports" / "index.md").read_text().splitlines()
+    assert listing[:3] == ["# kloop runs", "", "## task w4a16"]
+    assert listing[4] == "| run | status | attempts | backend | best | score | timing | report |"
+    assert listing[6].startswith(f"| {finished_run} | finished | 2 | offline | ")
+    assert listing[6].endswith(f"| CPU (interpreter) | [report]({finished_run}/report.md) |")
 
     (out / "report.md").unlink()
     run_agent(project, "report", finished_run)
     assert (out / "report.md").is_file()
     missing = subprocess.run(agent_command("report", "no-such-run"), cwd=project, env=agent_env(), capture_output=True,
                              text=True)
-    assert missing.returncode != 0 and "no run no-such-run" in missing.stderr
+    assert missing.returncode == 2 and "no run no-such-run" in missing.stderr
 
 
 def chromium() -> str | None:
@@ -79,7 +91,7 @@ def test_promote_checks_copies_records_and_leaves_versions_alone(project: Path, 
     before = tree_digest(versions)
     rows_before = ledger_rows(project)
 
-    task = Task(root=project)
+    task = Task.load(project)
     attempts_before = ledger.rows(task)
     # v1's numbers come from this machine: interpreter timings without CUDA, which a promotion takes only with --force
     interpreted = not torch.cuda.is_available()
@@ -91,8 +103,9 @@ def test_promote_checks_copies_records_and_leaves_versions_alone(project: Path, 
     decision = "| promoted (forced) |" if interpreted else "| promoted |"
     assert row.startswith("| promote v1 |") and "| promotion |" in row and decision in row
     assert ("forced past interpreter-only numbers" in row) == interpreted
-    # its sha256, and its stable cell: nothing claimed on interpreter timings
-    sha = hashlib.sha256((versions / "v1" / "solution.py").read_bytes()).hexdigest()
+    # its identity (all its files), and its stable cell: nothing claimed on interpreter timings
+    sha = ledger.solution_sha256(versions / "v1")
+    assert sha != ledger.legacy_sha256((versions / "v1" / "solution.py").read_bytes())
     assert row.endswith(f"| {sha} | - |") if interpreted else f"| {sha} | " in row
     # a promotion is not an attempt: the attempt rows stay as they were, and methods/main is known as v1 by its sha
     assert ledger_rows(project) == rows_before and ledger.rows(task) == attempts_before
@@ -126,7 +139,7 @@ def test_promote_checks_copies_records_and_leaves_versions_alone(project: Path, 
 
     missing = subprocess.run(agent_command("promote", "v99"), cwd=project, env=agent_env(), capture_output=True,
                              text=True)
-    assert missing.returncode == 2 and "no version v99" in missing.stdout
+    assert missing.returncode == 2 and "promote: task w4a16 has no version v99" in missing.stdout
 
     # the verifier's timing gates need a GPU: refused before any check, nothing changes
     if not torch.cuda.is_available():
@@ -155,7 +168,7 @@ def test_a_verifier_refusal_is_a_row_and_leaves_main_alone(project: Path, monkey
     monkeypatch.setattr(Evaluator, "evaluate", lambda self, source, baseline, best_is_baseline: checked)
     monkeypatch.setattr(Evaluator, "verify", lambda self, source: Stage("verifier", False, 1, 400.0, note, {}))
     said = []
-    code = promote(Task(root=project), "v1", cuda=True, panel="visible", log=said.append, verify=True, note="a try")
+    code = promote(Task.load(project), "v1", cuda=True, panel="visible", log=said.append, verify=True, note="a try")
     assert code == 1 and any("refused: v1 fails the verifier" in line for line in said)
     assert main.read_text() == main_before and ledger_rows(project) == attempts_before
     row = promotion_rows(project)[-1]
@@ -215,7 +228,7 @@ def test_a_refusal_on_v0s_timing_alone_says_run_it_again(project: Path, monkeypa
         monkeypatch.setattr(Evaluator, "verify",
                             lambda self, source, report=report: Stage("verifier", False, 1, 400.0, "not valid", report))
         said = []
-        code = promote(Task(root=project), "v1", cuda=True, panel="visible", log=said.append, verify=True)
+        code = promote(Task.load(project), "v1", cuda=True, panel="visible", log=said.append, verify=True)
         hint = "only the baseline's (v0's) own timing failed, v1's groups were within the limit: run the same promotion"
         assert code == 1 and main.read_text() != (versions / "v1" / "solution.py").read_text()
         assert any(hint in line for line in said) == retry, said
