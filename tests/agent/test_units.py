@@ -1,6 +1,7 @@
 """The pieces without a run: the offline search, the ledger's append-only record, prompts, conversation trimming."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import subprocess
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 from agent.config import RunConfig, Task, from_dict
 from agent.evaluate import Evaluator
 from agent.exceptions import LimitsExceeded, Submitted
-from agent.ledger import COLUMNS, format_row, record, rows, unified_patch
+from agent.ledger import columns, format_row, record, rows, unified_patch
 from agent.prompts import render
 from agent.proposers import IterationContext
 from agent.proposers.offline import OfflineProposer, find_table
@@ -111,7 +112,7 @@ def test_offline_search_searches_only_declared_knobs_and_their_values(tools):  #
 
 
 def test_record_appends_rows_and_never_rewrites_earlier_ones(project: Path, tmp_path: Path):
-    task = Task(root=project)
+    task = Task.load(project)
     candidate = tmp_path / "candidate"
     candidate.mkdir()
     before = task.ledger_path.read_text()
@@ -124,7 +125,7 @@ def test_record_appends_rows_and_never_rewrites_earlier_ones(project: Path, tmp_
         versions.append(recorded.version)
     assert versions == ["v1", "v2", "v3"] and task.ledger_path.read_text().startswith(before)
     # a cell can never break the table
-    assert rows(task)[-1].count(" | ") == len(COLUMNS) - 1 and "a / b c" in rows(task)[-1]
+    assert rows(task)[-1].count(" | ") == len(columns(task)) - 1 and "a / b c" in rows(task)[-1]
 
 
 def test_prompts_fail_on_a_missing_variable_and_config_on_an_unknown_key():
@@ -153,7 +154,7 @@ def test_trim_keeps_tool_replies_with_their_calls():
 
 
 def test_record_never_follows_a_symlink_in_the_candidate(project: Path, tmp_path: Path):
-    task = Task(root=project)
+    task = Task.load(project)
     candidate = tmp_path / "candidate"
     candidate.mkdir()
     (candidate / "solution.py").write_text("VALUE = 1\n")
@@ -165,7 +166,7 @@ def test_record_never_follows_a_symlink_in_the_candidate(project: Path, tmp_path
 
 
 def test_offline_search_edits_the_tasks_candidate_dir(project: Path, tmp_path: Path):
-    task = Task(root=project, candidate_dir="methods/alt")
+    task = dataclasses.replace(Task.load(project), candidate_dir="methods/alt")
     worktree = tmp_path / "worktree"
     (worktree / "methods" / "alt").mkdir(parents=True)
     start = (project / "methods" / "main" / "solution.py").read_text()
@@ -392,17 +393,20 @@ def test_the_decision_keeps_the_whole_reason_and_names_interpreter_timings():
                                                                          "invalid syntax (line 3, col 8)"}])
     assert decision(policy) == "revert: policy violations: solution.py:3 [syntax] invalid syntax (line 3, col 8)"
     timed = {"keep": True, "valid": True, "speedup_over_best": 1.78, "noise": 0.01}
-    assert decision(dict(timed, gpu_timing=False)) == "keep (interpreter timing: 1.780x best, noise 0.010)"
+    # without a GPU nothing is kept, however fast: interpreter wall times rank nothing, and the cell says so
+    assert decision(dict(timed, keep=False, gpu_timing=False)) == (
+        "revert (no GPU: nothing is kept on interpreter timings, which rank nothing; 1.780x best, noise 0.010)")
     assert decision(dict(timed, gpu_timing=True)) == "keep (1.780x best, noise 0.010)"
     slower = {"keep": False, "valid": True, "speedup_over_best": 0.9, "noise": 0.01, "gpu_timing": False}
-    assert decision(slower).startswith("revert (interpreter timing: 0.900x best")
+    assert decision(slower) == ("revert (no GPU: nothing is kept on interpreter timings, which rank nothing; "
+                                "0.900x best, noise 0.010)")
 
 
 def test_the_evaluation_limit_follows_the_panel_within_the_floor_and_the_tasks_limit(project: Path):
     from agent.evaluate import LIMIT_FLOOR_S, LIMIT_PER_START, panel_limit
 
-    task = Task(root=project, eval_timeout_s=900)
+    task = dataclasses.replace(Task.load(project), eval_timeout_s=900)
     assert panel_limit(task, 1.0) == LIMIT_FLOOR_S
     assert panel_limit(task, 20.0) == 20.0 * LIMIT_PER_START < 900
     assert panel_limit(task, 600.0) == 900
-    assert panel_limit(Task(root=project, eval_timeout_s=12), 20.0) == 12  # KLOOP_EVAL_TIMEOUT stays a cap
+    assert panel_limit(dataclasses.replace(task, eval_timeout_s=12), 20.0) == 12  # KLOOP_EVAL_TIMEOUT stays a cap
