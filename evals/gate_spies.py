@@ -4,12 +4,15 @@ the output and input audits, and the oracle over an input pool.
 GateBook records each gate's status and evidence; Spies blames audit events, thread starts and stream selections on
 the candidate's own frames; tamper_snapshot names the handles whose identity must survive build and calls; the
 audits poison the allocator, check structure, storage overlaps, batches against the oracle, and inputs against clones.
+Everything task-specific (the output's shape and dtype, the oracle, its bound) comes from the task's adapter
+(evals/task.py); the optional batched forms ``references`` and ``outside_bound`` are used where the adapter has them.
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import gc
+import math
 import os
 import signal
 import sys
@@ -23,14 +26,17 @@ import torch
 from evals import kernel_harness as kh
 from evals import residency
 
-POISON_BYTE = 0x7E
-POISON_BITS = POISON_BYTE * 0x101  # 0x7E7E: an fp16 quiet NaN with a payload that no arithmetic produces
+POISON_BYTE = 0x7E  # every byte of a poisoned block: an element of any dtype reads as that byte repeated
+POISON_BITS = POISON_BYTE * 0x101  # 0x7E7E: a two-byte element (fp16: a quiet NaN with a payload no arithmetic makes)
 POISON_COPIES = 16  # enough freed output-sized blocks that the CUDA caching allocator's next output lands on one
 _M_MMAP_THRESHOLD, _M_PERTURB = -3, -6  # glibc mallopt parameters
 _MMAP_THRESHOLD_MAX = 32 << 20  # glibc's ceiling on 64-bit; blocks below it come from the heap, where the fill applies
 VALIDATE_CHUNK = 64  # outputs compared against the oracle at once (bounds fp64 scratch)
 EVIDENCE_CAP = 8
 REFERENCE_CHUNK = 64  # pool inputs per oracle pass (bounds its fp64 scratch)
+DTYPE_LABELS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
+DEFAULT_BOUND = "the reference's bound"  # what a batch's failures are said to be outside, unless the adapter's BOUND
+_SAME_WIDTH_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _open_libc():
@@ -128,21 +134,44 @@ def _is_stdlib(filename: str) -> bool:
     return filename.startswith("<") or (filename.startswith(_STDLIB) and "-packages" + os.sep not in filename)
 
 
-def tamper_snapshot() -> dict[str, object]:
+ADAPTER_CHECKS = ("reference", "check_output", "references", "outside_bound")  # what the gates call on the adapter
+
+
+def tamper_snapshot(task) -> dict[str, object]:
+    """The handles whose identity must survive build and calls: timers, synchronize, streams, the allocator's entry,
+    gc, and the checks the verifier calls (the task adapter's oracle and output check, residency's measure)."""
+    checks = {f"adapter.{name}": getattr(task.adapter, name) for name in ADAPTER_CHECKS
+              if hasattr(task.adapter, name)}
     return {"time.perf_counter": time.perf_counter, "time.perf_counter_ns": time.perf_counter_ns,
             "time.time": time.time, "time.monotonic": time.monotonic, "torch.cuda.synchronize": torch.cuda.synchronize,
             "torch.cuda.Event": torch.cuda.Event, "torch.cuda.current_stream": torch.cuda.current_stream,
             "torch.cuda.Stream": torch.cuda.Stream, "torch.cuda.set_stream": torch.cuda.set_stream,
             "torch.empty": torch.empty, "gc.collect": gc.collect, "gc.disable": gc.disable, "gc.enable": gc.enable,
-            "kernel_harness.reference": kh.reference, "kernel_harness.check_output": kh.check_output,
-            "residency.measure": residency.measure}
+            **checks, "residency.measure": residency.measure}
 
 
 # ----------------------------------------------------------------------------------------------------- output audits
-def poison_allocator(shape: tuple[int, int], device: torch.device) -> None:
-    """Leave freed blocks of the output's size full of POISON_BITS, so that elements a call never writes show."""
-    blocks = [torch.full((shape[0] * shape[1],), POISON_BITS, dtype=torch.int16, device=device)
-              for _ in range(POISON_COPIES)]
+def dtype_label(dtype: torch.dtype) -> str:
+    return DTYPE_LABELS.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def poison_bits(itemsize: int) -> int:
+    """An element of ``itemsize`` bytes that is all POISON_BYTE, as the signed integer of that width reads it."""
+    return int.from_bytes(bytes([POISON_BYTE]) * itemsize, "little", signed=True)
+
+
+def unwritten(out: torch.Tensor) -> int:
+    """Elements of ``out`` that still hold the poison (read through the integer dtype of the element's width)."""
+    width = out.element_size()
+    if width not in _SAME_WIDTH_INT:
+        return 0
+    return int((out.view(_SAME_WIDTH_INT[width]) == poison_bits(width)).sum())
+
+
+def poison_allocator(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+    """Leave freed blocks of the output's size full of POISON_BYTE, so that elements a call never writes show."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    blocks = [torch.full((nbytes,), POISON_BYTE, dtype=torch.uint8, device=device) for _ in range(POISON_COPIES)]
     del blocks
 
 
@@ -162,13 +191,14 @@ def malloc_fill(on: bool) -> bool:
 
 
 @contextlib.contextmanager
-def poisoned_allocations(shape: tuple[int, int], device: torch.device):
-    """Within, an output the call allocates holds POISON_BITS wherever the call leaves it unwritten.
+def poisoned_allocations(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device):
+    """Within, an output (``shape``, ``dtype``) the call allocates holds POISON_BYTE wherever the call leaves it
+    unwritten.
 
     CUDA: the caching allocator hands out one of the freed output-sized blocks. CPU: glibc fills each block it hands
     out (the freed blocks stay as the fallback without glibc; CPU outputs above 32 MB come from mmap, zeroed).
     """
-    poison_allocator(shape, device)  # before the fill starts: with it on, glibc would overwrite what it frees
+    poison_allocator(shape, dtype, device)  # before the fill starts: with it on, glibc would overwrite what it frees
     filling = device.type == "cpu" and malloc_fill(True)
     try:
         yield
@@ -177,12 +207,13 @@ def poisoned_allocations(shape: tuple[int, int], device: torch.device):
             malloc_fill(False)
 
 
-def structure_problem(out, shape: tuple[int, int], device: torch.device) -> str | None:
+def structure_problem(out, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> str | None:
     if type(out) is not torch.Tensor:  # a subclass can override .double(), __sub__, ...: the checks' own operations
         kind = type(out)
         return f"output must be a plain torch.Tensor (not a subclass); got {kind.__module__}.{kind.__qualname__}"
-    if tuple(out.shape) != shape or out.dtype != torch.float16 or out.device.type != device.type:
-        return f"output must be fp16 {shape} on {device.type}; got {out.dtype} {tuple(out.shape)} on {out.device}"
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device.type != device.type:
+        return (f"output must be {dtype_label(dtype)} {tuple(shape)} on {device.type}; got {out.dtype} "
+                f"{tuple(out.shape)} on {out.device}")
     if not out.is_contiguous():
         return f"output must be contiguous; got strides {out.stride()}"
     return None
@@ -206,12 +237,22 @@ def overlaps(labelled: list[tuple[str, torch.Tensor]]) -> list[str]:
     return found
 
 
-def validate(outs: list, indices: list[int], refs: list[kh.Reference], shape, device) -> tuple[int, list[str]]:
-    """Outputs (of pool inputs ``indices``) outside the oracle's bound, counted by batches; returns (bad, messages)."""
+def bound_name(task) -> str:
+    """What the task's oracle bounds outputs by, in words (the adapter's BOUND, e.g. "the fp32 bound")."""
+    return getattr(task.adapter, "BOUND", DEFAULT_BOUND)
+
+
+def validate(outs: list, indices: list[int], refs: list, task, case, device) -> tuple[int, list[str]]:
+    """Outputs (of pool inputs ``indices``) outside the oracle's bound, counted by batches; returns (bad, messages).
+    A batch of one input's outputs goes to the adapter's ``outside_bound(outs, ref, case) -> count`` where it has one,
+    else each output to its ``check_output``."""
+    adapter = task.adapter
+    shape, dtype = tuple(adapter.output_shape(case)), adapter.OUTPUT_DTYPE
+    count = getattr(adapter, "outside_bound", None)
     bad, messages = 0, []
     by_input: dict[int, list] = {}
     for n, (out, index) in enumerate(zip(outs, indices)):
-        problem = structure_problem(out, shape, device)
+        problem = structure_problem(out, shape, dtype, device)
         if problem:
             bad += 1
             messages.append(f"output {n}: {problem}")
@@ -219,12 +260,12 @@ def validate(outs: list, indices: list[int], refs: list[kh.Reference], shape, de
             by_input.setdefault(index, []).append(out)
     for index, group in by_input.items():
         for start in range(0, len(group), VALIDATE_CHUNK):
-            stack = torch.stack(group[start:start + VALIDATE_CHUNK]).double()
-            within = (stack - refs[index].out).abs() <= refs[index].tolerance  # NaN compares False: counted bad
-            wrong = int((~within.flatten(1).all(dim=1)).sum())
+            batch = group[start:start + VALIDATE_CHUNK]
+            wrong = (count(batch, refs[index], case) if count is not None
+                     else sum(not adapter.check_output(out, refs[index], case).ok for out in batch))
             bad += wrong
             if wrong:
-                messages.append(f"{wrong} outputs of input {index} outside the fp32 bound or not finite")
+                messages.append(f"{wrong} outputs of input {index} outside {bound_name(task)} or not finite")
     return bad, messages[:EVIDENCE_CAP]
 
 
@@ -257,18 +298,28 @@ def changed_inputs(names: list[str], guarded: dict, versions: dict, clones: dict
     return problems
 
 
-def references(case: kh.Case, weights: kh.CaseTensors, pool: list) -> list[kh.Reference]:
-    """The oracle for each (x, residual) of ``pool``: passes over inputs stacked by rows (rows are independent)."""
-    m, refs = case.m, []
+def references(task, case, weights: dict, pool: list) -> list:
+    """The oracle for each call input of ``pool``: the adapter's batched ``references(weights, inputs, case)`` over
+    chunks of REFERENCE_CHUNK where it has one (one pass per chunk), else its ``reference`` per input."""
+    adapter = task.adapter
+    batched = getattr(adapter, "references", None)
+    refs = []
     for start in range(0, len(pool), REFERENCE_CHUNK):
         chunk = pool[start:start + REFERENCE_CHUNK]
-        ref = kh.reference(torch.cat([p[0] for p in chunk]), weights.qweight, weights.scales, weights.bias,
-                           torch.cat([p[1] for p in chunk]), case.epilogue)
-        refs += [kh.Reference(ref.out[i * m:(i + 1) * m], ref.tolerance[i * m:(i + 1) * m]) for i in range(len(chunk))]
+        refs += (batched(weights, chunk, case) if batched is not None
+                 else [adapter.reference(weights, inputs, case) for inputs in chunk])
     return refs
 
 
 # ----------------------------------------------------------------------------------------------------- timing
+def refill_pool(pool: list[tuple], fresh: list[tuple]) -> None:
+    """Copy ``fresh``'s call inputs into ``pool``'s tensors in place (their addresses stay, ``_version`` moves on)."""
+    for inputs, values in zip(pool, fresh):
+        for target, value in zip(inputs, values):
+            if isinstance(target, torch.Tensor):
+                target.copy_(value)
+
+
 def heat(size: int, matmuls: int, device: torch.device) -> None:
     a = torch.randn((size, size), device=device).half()
     b = torch.randn_like(a)
@@ -313,7 +364,8 @@ def die_with_parent(parent: str | None) -> bool:
 
 
 def pin_to_one_core() -> int | None:
-    """Pin the role to one core (SPEC.md advice: fewer stalled host groups); None where the OS has no affinity call."""
+    """Pin the role to one core (the timing protocol's advice: fewer stalled host groups); None where the OS has no
+    affinity call."""
     if not hasattr(os, "sched_setaffinity"):
         return None
     core = max(os.sched_getaffinity(0))

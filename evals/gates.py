@@ -1,29 +1,36 @@
 """One role of the sealed verifier (evals/verifier.py), run in a process of its own: the hard gates, then the timing.
 
-A role loads one solution for one case and records every gate as a result field; it never raises for a bad candidate.
-The gates pass (all a ``--gates-only`` run does) checks, with every output kept and audited:
-  api                   build(...) is callable and returns a callable
+A role loads one solution (or the task's callable baseline) for one case of a task (evals/task.py) and records every
+gate as a result field; it never raises for a bad candidate. Everything task-specific comes from the task: the build
+arguments and call inputs (named by the manifest's contract), the input regimes, the oracle and its bound, the
+output's shape and dtype, the bytes moved and the residency allowance. The gates pass (all a ``--gates-only`` run
+does) checks, with every output kept and audited:
+  api                   the entry point is callable and returns a callable
   output_structure      a plain torch.Tensor (no subclass), shape, dtype, device, contiguity, finiteness
-  numerics_normal       agreement with the fp64 oracle within kernel_harness's fp32 bound, normal inputs
-  numerics_adversarial  the same on the adversarial construction (fp16 accumulation overflows there)
-  input_immutability    x, residual, qweight, scales, bias equal to clones and with unchanged ``_version``
+  numerics_<mode>       agreement with the adapter's oracle within its bound, for each input regime of the adapter's
+                        MODES ("normal" on the input pool; each other regime, such as an adversarial construction,
+                        on its own weights and inputs)
+  input_immutability    every tensor among the build arguments (each regime's) and the call inputs equal to clones and
+                        with unchanged ``_version``
   fresh_outputs         no output overlaps the storage of an input or of a live earlier output; no element still
                         holds the allocator poison (unwritten); every kept output unchanged at the end
-  no_output_caching     one element of x or residual, at positions drawn from the case seed, changed in a new
-                        tensor, in place, and in place without a ``_version`` bump: each result must follow it
+  no_output_caching     one element of each floating call input in turn, at positions drawn from the case seed,
+                        changed in a new tensor; the first one's in place; each one's in place without a ``_version``
+                        bump: each result must follow the change
   no_tampering          timers, synchronize, Event, the current-stream getter and the verifier's own checks keep
                         their identity across build and calls
   streams               (CUDA) the current stream is unchanged and the candidate never selects another stream
   isolation             no file, process, socket or thread started from the candidate's own frames (audit hook)
-  residency             evals/residency.py's checkpoints: after build, after the first call, after all calls
-With timing, SPEC.md's schedule follows (reset; distinct outputs audited and released; heater; untimed calls;
-timed groups) and adds schedule_outputs (every primed and timed output re-validated) and timing_sanity (a median
-under the copy-bandwidth roofline of the case's bytes is impossible). Each timed group calls on calls_per_group
-distinct input pairs whose values the verifier rewrites in place (a seeded draw, the same for all three roles)
+  residency             evals/residency.py's checkpoints: after build, after the first call, after all calls (skipped,
+                        with the reason, for a task that declares no residency stage)
+With timing, the timing protocol's schedule follows (reset; distinct outputs audited and released; heater; untimed
+calls; timed groups) and adds schedule_outputs (every primed and timed output re-validated) and timing_sanity (a
+median under the copy-bandwidth roofline of the case's bytes is impossible). Each timed group calls on calls_per_group
+distinct call inputs whose values the verifier rewrites in place (a seeded draw, the same for all three roles)
 before the group, outside the timed region: no (address, _version) pair and no content repeats from one group to
 the next, so no cache pays off; the pool is checked unchanged before each rewrite. Stabilizers: the cyclic garbage
 collector is off during the timed groups, and a timing role on CUDA is pinned to one core (os.sched_setaffinity).
-A failure of the verifier's own setup (say, a case seed whose adversarial construction leaves fp16 range) is
+A failure of the verifier's own setup (say, a case seed whose construction the adapter cannot complete) is
 recorded as ``error.stage == SETUP_STAGE``: the case could not be judged, which says nothing about the candidate.
 """
 from __future__ import annotations
@@ -39,24 +46,39 @@ import torch
 
 from evals import kernel_harness as kh
 from evals import residency, stability
-from evals.gate_spies import (EVIDENCE_CAP, POISON_BITS, GateBook, Spies, changed_inputs, heat, isolate_timing_thread,
-                              overlaps, pin_to_one_core, poisoned_allocations, references, same_values,
-                              structure_problem, tamper_snapshot, validate, write_unversioned)
+from evals import task as tasks
+from evals.gate_spies import (EVIDENCE_CAP, GateBook, Spies, bound_name, changed_inputs, dtype_label, heat,
+                              isolate_timing_thread, overlaps, pin_to_one_core, poisoned_allocations, references,
+                              same_values, structure_problem, tamper_snapshot, unwritten, validate, write_unversioned)
 from evals.loader import load_solution, unload_solution
 from evals.selfcheck import CANDIDATE_ERRORS, error_record
 
-ROLE_GATES = ("api", "output_structure", "numerics_normal", "numerics_adversarial", "input_immutability",
-              "fresh_outputs", "no_output_caching", "no_tampering", "streams", "isolation", "residency",
-              "schedule_outputs", "timing_sanity")
+
+def role_gates(task: tasks.Task) -> tuple[str, ...]:
+    """A role's gates for ``task``, in the order a record lists them: one numerics gate per input regime."""
+    return ("api", "output_structure", *(f"numerics_{mode}" for mode in task.adapter.MODES), "input_immutability",
+            "fresh_outputs", "no_output_caching", "no_tampering", "streams", "isolation", "residency",
+            "schedule_outputs", "timing_sanity")
+
+
+def undeclared_gates(task: tasks.Task) -> dict[str, str]:
+    """Role gates the task has no stage for (residency, where its manifest does not declare it), with the reason: a
+    role skips them, and the verifier's verdict does not count those skips against the candidate."""
+    if task.declares("residency"):
+        return {}
+    return {"residency": f"task {task.name} declares no residency stage (its task.json's stages: "
+                         f"{', '.join(task.stages)})"}
+
+
 TIMING_GATES = ("schedule_outputs", "timing_sanity")
 CUDA_ONLY = {"streams": "CUDA streams exist only on a CUDA device",
              "timing_sanity": "the copy-bandwidth roofline is measured on CUDA only"}
 SETUP_STAGE = "setup (the verifier's own)"
-GATE_POOL = 4  # distinct input pairs of the gates pass
+GATE_POOL = 4  # distinct call inputs of the gates pass
 GATE_CALLS = 8  # plain calls after the targeted checks, so that storage kept lazily shows at the last checkpoint
 KEPT_PRIMED = 8  # primed outputs kept with clones to the end: a stale workspace write shows as a changed value
 POOL_SEED, GROUP_SEED = 11, 1000  # input draws: the pool's first values, then group g's values (GROUP_SEED + g)
-CHANGE = 8.0  # added to one input element by the caching checks: far past the fp32 bound in every regime
+CHANGE = 8.0  # added to one input element by the caching checks: a change far past the oracle's bound
 _perf_counter = time.perf_counter  # the role's own wall clock, taken before any candidate code runs
 
 
@@ -69,7 +91,7 @@ class Schedule:
     untimed_calls: int
     groups: int
     calls_per_group: int
-    input_pool: int  # distinct (x, residual) pairs; at least calls_per_group, so no pair repeats within a group
+    input_pool: int  # distinct call inputs; at least calls_per_group, so no input repeats within a group
     pin: str = "process"  # a timing role on CUDA: PIN_MODES says what each value does
 
     @property
@@ -84,29 +106,30 @@ PIN_MODES = {
     "thread": "before each timed group, the timing thread alone on one core and every other thread of the process "
               "(the CUDA driver's, torch's) on the other cores",
 }
-# SPEC.md's schedule; "smoke" only makes CPU tests short and never scores anything. "spec-unpinned" and
-# "spec-thread-pinned" are SPEC.md's schedule with another pinning, to measure what the pinning does to a host-bound
-# candidate's dispersion (measurement aids: the verdict of record is "spec").
+# The timing protocol's schedule ("eager-groups", the task's spec); "smoke" only makes CPU tests short and never scores
+# anything. "spec-unpinned" and "spec-thread-pinned" are that schedule with another pinning, to measure what the
+# pinning does to a host-bound candidate's dispersion (measurement aids: the verdict of record is "spec").
 SCHEDULES = {"spec": Schedule(16384, 8, 1024, 4096, 8192, 11, 512, 512),
              "smoke": Schedule(16, 1, 2, 256, 4, 11, 1, 4)}
 SCHEDULES["spec-unpinned"] = replace(SCHEDULES["spec"], pin="none")
 SCHEDULES["spec-thread-pinned"] = replace(SCHEDULES["spec"], pin="thread")
 
 
-def group_inputs(case: kh.Case, count: int, group: int, device: torch.device) -> list[tuple]:
-    """Timed group ``group``'s inputs: a seeded draw, the same in every role (and in evals.qualify)."""
-    return kh.make_inputs(case, count, seed=GROUP_SEED + group, device=device)
+def group_inputs(task: tasks.Task, case, count: int, group: int, device: torch.device) -> list[tuple]:
+    """Timed group ``group``'s call inputs: a seeded draw of the task's adapter, the same in every role (and in
+    evals.qualify)."""
+    return task.adapter.make_inputs(case, count, seed=GROUP_SEED + group, device=device)
 
 
 def run_schedule(fn, pool: list[tuple], s: Schedule, device: torch.device, before_group=None, primed_check=None,
                  keep: list | None = None, cores: set[int] | None = None, pinned: list | None = None) -> list[float]:
-    """SPEC.md's timing schedule after the gates: reset; ``s.prime_outputs`` distinct outputs made, handed to
+    """The timing protocol's schedule after the gates: reset; ``s.prime_outputs`` distinct outputs made, handed to
     ``primed_check`` and released; the heater; the untimed calls; then ``s.groups`` timed groups of
     ``s.calls_per_group`` calls on distinct pool entries (microseconds per call, one value per group).
     ``before_group(g)`` runs before group g outside the timed region (the verifier rewrites the pool there); with
     ``s.pin == "thread"`` on CUDA the timing thread is then isolated on one of ``cores`` (appended to ``pinned``).
     The verifier's roles and ``evals.qualify`` both time through here, so that they time the same thing."""
-    residency.settle(device)  # SPEC.md's reset: synchronize, gc, empty_cache
+    residency.settle(device)  # the protocol's reset: synchronize, gc, empty_cache
     primed = [fn(*pool[i % len(pool)]) for i in range(s.prime_outputs)]
     if primed_check is not None:
         primed_check(primed)
@@ -132,11 +155,15 @@ def run_schedule(fn, pool: list[tuple], s: Schedule, device: torch.device, befor
 
 # ----------------------------------------------------------------------------------------------------- the role
 class Role:
-    def __init__(self, solution_dir: Path, case: kh.Case, schedule: Schedule, timing: bool, device: torch.device,
-                 book: GateBook, record: dict) -> None:
+    """One role: ``solution_dir`` (a solution's directory) or, where it is None, the task's callable baseline."""
+
+    def __init__(self, task: tasks.Task, solution_dir: Path | None, case, schedule: Schedule, timing: bool,
+                 device: torch.device, book: GateBook, record: dict) -> None:
+        self.task, self.adapter = task, task.adapter
         self.solution_dir, self.case, self.schedule, self.timing = solution_dir, case, schedule, timing
         self.device, self.book, self.record = device, book, record
-        self.shape = (case.m, case.n)
+        self.shape, self.dtype = tuple(self.adapter.output_shape(case)), self.adapter.OUTPUT_DTYPE
+        self.call_args = task.call_args
         self.stage = "setup"
         self.module = self.fn = None
         self.kept: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # (label, output, clone) checked at the end
@@ -145,80 +172,99 @@ class Role:
 
     def setup(self) -> None:
         """Everything the verifier owns exists before the residency baseline and before any candidate code runs."""
-        case, device = self.case, self.device
-        self.weights = kh.generate(case, "normal", device)
-        self.adversarial = kh.generate(case, "adversarial", device)
-        a = self.adversarial
-        self.adversarial_ref = kh.reference(a.x, a.qweight, a.scales, a.bias, a.residual, case.epilogue)
-        self.pool = kh.make_inputs(case, self.pool_size(), seed=POOL_SEED, device=device)
-        self.refs = references(case, self.weights, self.pool)
-        w = self.weights
-        self.guarded = {"qweight": w.qweight, "scales": w.scales, "bias": w.bias, "adversarial qweight": a.qweight,
-                        "adversarial scales": a.scales, "adversarial bias": a.bias, "adversarial x": a.x,
-                        "adversarial residual": a.residual}
-        for i, (x, residual) in enumerate(self.pool):
-            self.guarded[f"x[{i}]"], self.guarded[f"residual[{i}]"] = x, residual
-        self.pool_names = [name for i in range(len(self.pool)) for name in (f"x[{i}]", f"residual[{i}]")]
+        case, device, adapter = self.case, self.device, self.adapter
+        normal, *others = adapter.MODES
+        self.normal_mode = normal
+        self.weights = adapter.generate(case, normal, device).weights
+        self.regimes = {}  # every other input regime: its problem and its oracle, made before any candidate code
+        for mode in others:
+            problem = adapter.generate(case, mode, device)
+            self.regimes[mode] = (problem, adapter.reference(problem.weights, problem.inputs, case))
+        self.pool = adapter.make_inputs(case, self.pool_size(), seed=POOL_SEED, device=device)
+        self.refs = references(self.task, case, self.weights, self.pool)
+        self.guarded = {name: t for name, t in self.weights.items() if isinstance(t, torch.Tensor)}
+        for mode, (problem, _) in self.regimes.items():
+            self.guarded |= {f"{mode} {name}": t for name, t in problem.weights.items() if isinstance(t, torch.Tensor)}
+            self.guarded |= {f"{mode} {name}": t for name, t in zip(self.call_args, problem.inputs)
+                             if isinstance(t, torch.Tensor)}
+        self.pool_names = []
+        for i, inputs in enumerate(self.pool):
+            for name, t in zip(self.call_args, inputs):
+                if isinstance(t, torch.Tensor):
+                    self.guarded[f"{name}[{i}]"] = t
+                    self.pool_names.append(f"{name}[{i}]")
         self.clones = {name: t.clone() for name, t in self.guarded.items()}
+        # the oracle of the caching trials reads these, never a build argument the candidate could have written
+        self.weight_clones = {name: self.clones.get(name, value) for name, value in self.weights.items()}
+        self.allowance = residency.allowance_for(self.task, case) if self.task.declares("residency") else None
         if self.timing and device.type == "cuda":
             self.record["copy_gbps"] = kh.copy_bandwidth_gbps(device)
         residency.warm_libraries(device)
         residency.settle(device)
         self.before, self.before_allocated = residency.live_storages(device), residency.allocated(device)
         self.versions = {name: t._version for name, t in self.guarded.items()}
-        self.spies = Spies(self.solution_dir)
-        self.snapshot = tamper_snapshot()
+        self.spies = Spies(self.solution_dir or Path(self.adapter.__file__).resolve().parent)
+        self.snapshot = tamper_snapshot(self.task)
         self.threads_before = threading.active_count()
         self.stream_before = torch.cuda.current_stream().stream_id if device.type == "cuda" else None
 
     def pool_size(self) -> int:
         return max(self.schedule.input_pool, self.schedule.calls_per_group) if self.timing else GATE_POOL
 
-    def call(self, fn, x, residual):
-        with poisoned_allocations(self.shape, self.device):
-            out = fn(x, residual)
+    def call(self, fn, *inputs):
+        with poisoned_allocations(self.shape, self.dtype, self.device):
+            out = fn(*inputs)
         kh.synchronize(self.device)
         self.calls += 1
         return out
 
+    def build(self, weights: dict):
+        """The candidate's callable for ``weights``: its entry point, or the task's callable baseline."""
+        if self.solution_dir is None:
+            return self.task.build_baseline(weights, self.case)
+        return self.task.build(self.module, weights)
+
     # --------------------------------------------------------------------------------------------- gates pass
     def gates_pass(self) -> None:
         self.stage = "load and build"
-        # the parent ran the source policy; this isolated process gathers dynamic evidence even against rejected code
-        self.module = load_solution(self.solution_dir, enforce_policy=False)
-        w = self.weights
-        fn = self.module.build(w.qweight, w.scales, w.bias, self.case.epilogue)
+        if self.solution_dir is not None:
+            # the parent ran the source policy; this isolated process gathers dynamic evidence even against rejected
+            # code
+            self.module = load_solution(self.solution_dir, enforce_policy=False, entry=self.task.entry)
+        fn = self.build(self.weights)
         if not self.book.check("api", callable(fn), f"build returned {type(fn).__name__}"):
             return
         self.fn = fn
         self.checks("build")
         self.stage = "first call"
         out = self.call(fn, *self.pool[0])
-        self.audit("first call", out, self.refs[0], "numerics_normal", keep=False)
+        self.audit("first call", out, self.refs[0], f"numerics_{self.normal_mode}", keep=False)
         self.alias_check([("first call", out)])
         del out
         self.checks("first call")
-        self.stage = "adversarial build and call"
-        self.adversarial_check()
+        for mode in self.regimes:
+            self.stage = f"{mode} build and call"
+            self.regime_check(mode)
         self.stage = "single-element changes"
         self.caching_check(fn)
         self.stage = "gate calls"
         for i in range(GATE_CALLS):
             out = self.call(fn, *self.pool[i % GATE_POOL])
-            self.audit(f"call {i}", out, self.refs[i % GATE_POOL], "numerics_normal")
+            self.audit(f"call {i}", out, self.refs[i % GATE_POOL], f"numerics_{self.normal_mode}")
         self.alias_check([(label, out) for label, out, _ in self.kept])
         self.checks("gates pass", residency_point=False)
 
-    def audit(self, label: str, out, ref: kh.Reference, numerics_gate: str, keep: bool = True) -> None:
-        problem = structure_problem(out, self.shape, self.device)
+    def audit(self, label: str, out, ref, numerics_gate: str, keep: bool = True) -> None:
+        problem = structure_problem(out, self.shape, self.dtype, self.device)
         if problem is None and not bool(torch.isfinite(out).all()):
             problem = f"{int((~torch.isfinite(out)).sum())} elements are not finite"
-        self.book.check("output_structure", problem is None, f"{label}: {problem or 'fp16, contiguous, finite'}")
-        if type(out) is torch.Tensor and out.dtype == torch.float16:  # a subclass may override view and sum too
-            unwritten = int((out.view(torch.int16) == POISON_BITS).sum())
-            self.book.check("fresh_outputs", not unwritten, f"{label}: {unwritten} elements still hold the allocator "
-                            "poison (never written)" if unwritten else f"{label}: every element written")
-        result = kh.check_output(out, ref, self.shape)
+        self.book.check("output_structure", problem is None,
+                        f"{label}: {problem or f'{dtype_label(self.dtype)}, contiguous, finite'}")
+        if type(out) is torch.Tensor and out.dtype == self.dtype:  # a subclass may override view and sum too
+            left = unwritten(out)
+            self.book.check("fresh_outputs", not left, f"{label}: {left} elements still hold the allocator "
+                            "poison (never written)" if left else f"{label}: every element written")
+        result = self.adapter.check_output(out, ref, self.case)
         self.book.check(numerics_gate, result.ok,
                         f"{label}: {result.message} (worst {result.worst_excess:.3g} of the bound)")
         if keep:
@@ -230,44 +276,54 @@ class Role:
             self.kept.append((label, out, out.clone()))
         return out
 
-    def adversarial_check(self) -> None:
-        a = self.adversarial
-        fn = self.module.build(a.qweight, a.scales, a.bias, self.case.epilogue)
-        if self.book.check("api", callable(fn), f"build (adversarial weights) returned {type(fn).__name__}"):
-            self.audit("adversarial", self.call(fn, a.x, a.residual), self.adversarial_ref, "numerics_adversarial")
+    def regime_check(self, mode: str) -> None:
+        """A build on the regime's own weights and one call on its inputs, against its oracle."""
+        problem, ref = self.regimes[mode]
+        fn = self.build(problem.weights)
+        if self.book.check("api", callable(fn), f"build ({mode} weights) returned {type(fn).__name__}"):
+            self.audit(mode, self.call(fn, *problem.inputs), ref, f"numerics_{mode}")
 
     def caching_check(self, fn) -> None:
-        """An input that differs from an earlier one in a single element (positions drawn from the case seed) must
-        give its own correct output: in a new tensor, in place, and in place with ``_version`` left as it was."""
+        """A call input that differs from an earlier one in a single element (positions drawn from the case seed) must
+        give its own correct output. Each floating call input in turn is changed in a new tensor; the first one in
+        place; then each one in place with ``_version`` left as it was."""
         rng = random.Random(self.case.seed)
 
-        def anywhere(t: torch.Tensor) -> tuple[int, int]:
-            return rng.randrange(t.shape[0]), rng.randrange(t.shape[1])
+        def anywhere(t: torch.Tensor) -> tuple[int, ...]:
+            return tuple(rng.randrange(size) for size in t.shape)
 
-        x0, r0 = self.pool[0]
-        x1, r1 = x0.clone(), r0.clone()
-        x1[anywhere(x1)] += CHANGE
-        r1[anywhere(r1)] += CHANGE
-        earlier = self.caching_trial(fn, "original input", x0, r0, None)
-        self.caching_trial(fn, "x changed in one element (new tensor)", x1, r0, earlier)
-        self.caching_trial(fn, "residual changed in one element (new tensor)", x0, r1, earlier)
-        xs, rs = x0.clone(), r0.clone()
-        earlier = self.caching_trial(fn, "same address, before the writes", xs, rs, None)
-        xs[anywhere(xs)] += CHANGE
-        earlier = self.caching_trial(fn, "x changed in one element in place (same address)", xs, rs, earlier)
-        for name, t in (("x", xs), ("residual", rs)):
-            hidden = write_unversioned(t, anywhere(t), CHANGE)
-            earlier = self.caching_trial(fn, f"{name} changed in one element in place, " + (
-                "_version unchanged" if hidden else "(the write moved _version)"), xs, rs, earlier)
+        base = tuple(self.pool[0])
+        floating = [i for i, t in enumerate(base) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        if not floating:
+            self.book.skip("no_output_caching", "the task's call inputs hold no floating tensor to change")
+            return
+        names = [self.call_args[i] if i < len(self.call_args) else f"input {i}" for i in range(len(base))]
+        changed = {}
+        for i in floating:
+            changed[i] = base[i].clone()
+            changed[i][anywhere(changed[i])] += CHANGE
+        earlier = self.caching_trial(fn, "original input", base, None)
+        for i in floating:
+            self.caching_trial(fn, f"{names[i]} changed in one element (new tensor)",
+                               base[:i] + (changed[i],) + base[i + 1:], earlier)
+        same = tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in base)
+        earlier = self.caching_trial(fn, "same address, before the writes", same, None)
+        first = floating[0]
+        same[first][anywhere(same[first])] += CHANGE
+        earlier = self.caching_trial(fn, f"{names[first]} changed in one element in place (same address)", same,
+                                     earlier)
+        for i in floating:
+            hidden = write_unversioned(same[i], anywhere(same[i]), CHANGE)
+            earlier = self.caching_trial(fn, f"{names[i]} changed in one element in place, " + (
+                "_version unchanged" if hidden else "(the write moved _version)"), same, earlier)
 
-    def caching_trial(self, fn, label: str, x, residual, earlier):
+    def caching_trial(self, fn, label: str, inputs: tuple, earlier):
         """Call once; unless ``earlier`` is None, the output must match the oracle (its values, cloned, returned)."""
-        out = self.call(fn, x, residual)
+        out = self.call(fn, *inputs)
         self.keep(f"caching: {label}", out)
         if earlier is not None:
-            w = self.clones  # the oracle never reads a tensor the candidate could have written
-            ref = kh.reference(x, w["qweight"], w["scales"], w["bias"], residual, self.case.epilogue)
-            result = kh.check_output(out, ref, self.shape)
+            ref = self.adapter.reference(self.weight_clones, inputs, self.case)
+            result = self.adapter.check_output(out, ref, self.case)
             stale = (not result.ok and type(out) is torch.Tensor and isinstance(earlier, torch.Tensor)
                      and out.shape == earlier.shape and out.dtype == earlier.dtype and same_values(out, earlier))
             self.book.check("no_output_caching", result.ok, f"{label}: {result.message}"
@@ -280,13 +336,13 @@ class Role:
                         f"{len(outputs)} outputs: storage disjoint from each other and from every input")
 
     def checks(self, when: str, residency_point: bool = True) -> None:
-        """Residency (a checkpoint), tampering, streams and isolation, as they stand now."""
-        if residency_point:
-            point = residency.measure(when, self.before, self.before_allocated, self.device, self.case)
+        """Residency (a checkpoint, where the task declares it), tampering, streams and isolation, as they stand."""
+        if residency_point and self.allowance is not None:
+            point = residency.measure(when, self.before, self.before_allocated, self.device, self.allowance)
             self.book.check("residency", not point.violations, {
-                "checkpoint": when, "total_bytes": point.total_bytes, "floating_bytes": point.floating_bytes,
+                "checkpoint": when, "total_bytes": point.total_bytes, **point.quoted(self.allowance),
                 "unattributed_bytes": point.unattributed_bytes, "violations": [v["message"] for v in point.violations]})
-        now = tamper_snapshot()
+        now = tamper_snapshot(self.task)
         replaced = [name for name, handle in self.snapshot.items() if now[name] is not handle]
         self.book.check("no_tampering", not replaced, f"after {when}: " + (f"replaced {', '.join(replaced)}" if replaced
                         else f"{len(now)} timer, synchronize, stream and checker handles unchanged"))
@@ -323,17 +379,18 @@ class Role:
         self.record["times_us"] = times
         self.record["median_us"] = median = kh.median(times)
         per = s.calls_per_group  # each group's inputs drawn again from their seed: the oracle of one group at a time
-        groups = ((g * per, (g + 1) * per, references(self.case, self.weights, self.group_inputs(g)))
+        groups = ((g * per, (g + 1) * per, references(self.task, self.case, self.weights, self.group_inputs(g)))
                   for g in range(s.groups))
         self.validate_phase("timed", timed, groups)
         del timed
         gbps = self.record.get("copy_gbps")
         if gbps:
-            self.record["roofline_us"] = roofline = self.case.bytes_moved() / (gbps * 1e3)
+            nbytes = self.adapter.bytes_moved(self.case)
+            self.record["roofline_us"] = roofline = nbytes / (gbps * 1e3)
             self.book.check("timing_sanity", median >= roofline, f"median {median:.2f} us vs {roofline:.2f} us to move "
-                            f"{self.case.bytes_moved():,} bytes at the copy bandwidth {gbps:.0f} GB/s"
+                            f"{nbytes:,} bytes at the copy bandwidth {gbps:.0f} GB/s"
                             + ("" if median >= roofline else ": faster than possible"))
-        # after the groups, so that they are timed exactly as SPEC.md says: what explains a dispersion failure
+        # after the groups, so that they are timed exactly as the protocol says: what explains a dispersion failure
         found = stability.probe(self.fn, pool, device)
         self.calls += found["calls"]
         self.record.update(host_us=found["host_us"], gpu_us=found["gpu_us"])
@@ -344,17 +401,17 @@ class Role:
         bad, messages = 0, []
         for start, stop, refs in batches:
             indices = [i % len(refs) for i in range(stop - start)]
-            wrong, found = validate(outs[start:stop], indices, refs, self.shape, self.device)
+            wrong, found = validate(outs[start:stop], indices, refs, self.task, self.case, self.device)
             bad, messages = bad + wrong, messages + [f"outputs {start}..{stop - 1}: {m}" for m in found]
         self.book.check("schedule_outputs", not bad, f"{len(outs)} {phase} outputs: " + (
-            f"{bad} bad: {messages[:EVIDENCE_CAP]}" if bad else "all within the fp32 bound"))
+            f"{bad} bad: {messages[:EVIDENCE_CAP]}" if bad else f"all within {bound_name(self.task)}"))
         found = overlaps([(f"input {name}", t) for name, t in self.guarded.items()]
                          + [(f"{phase} output {i}", o) for i, o in enumerate(outs)])
         self.book.check("fresh_outputs", not found, f"{len(outs)} {phase} outputs: " + (
             "; ".join(found[:EVIDENCE_CAP]) if found else "storage disjoint from each other and from every input"))
 
-    def group_inputs(self, group: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return group_inputs(self.case, len(self.pool), group, self.device)
+    def group_inputs(self, group: int) -> list[tuple]:
+        return group_inputs(self.task, self.case, len(self.pool), group, self.device)
 
     def refill(self, group: int) -> None:
         """Group ``group``'s values into the pool, in place (the addresses stay, ``_version`` moves on). First the
@@ -364,10 +421,13 @@ class Role:
             self.book.check("input_immutability", False,
                             f"before timed group {group}: " + "; ".join(changed[:EVIDENCE_CAP]))
         for i, fresh in enumerate(self.group_inputs(group)):
-            for name, target, values in zip((f"x[{i}]", f"residual[{i}]"), self.pool[i], fresh):
+            for name, target, values in zip(self.call_args, self.pool[i], fresh):
+                if not isinstance(target, torch.Tensor):
+                    continue
+                label = f"{name}[{i}]"
                 target.copy_(values)
-                self.clones[name].copy_(values)  # the clone keeps its storage: nothing new for residency to count
-                self.versions[name] = target._version
+                self.clones[label].copy_(values)  # the clone keeps its storage: nothing new for residency to count
+                self.versions[label] = target._version
         kh.synchronize(self.device)
 
     # --------------------------------------------------------------------------------------------- closing checks
@@ -391,22 +451,31 @@ class Role:
             unload_solution(self.module)
 
 
-def run_role(solution_dir: Path, case: kh.Case, schedule: Schedule, timing: bool) -> dict:
-    """One solution on one case; the record of every gate. Never raises for a bad candidate."""
+def baseline_label(task: tasks.Task) -> str:
+    """How a record names the task's callable baseline (the manifest's ``baseline.callable``)."""
+    return task.manifest["baseline"].get("callable") or "the task's callable baseline"
+
+
+def run_role(task: tasks.Task, solution_dir: Path | None, case, schedule: Schedule, timing: bool) -> dict:
+    """One solution (``solution_dir``; None: the task's callable baseline) on one case; the record of every gate.
+    Never raises for a bad candidate."""
     began = _perf_counter()
     info = kh.select_device()  # before the candidate imports triton
-    record = {"case": kh.case_dict(case), "solution": str(solution_dir), "device": info.name, "timing": timing,
-              "schedule": asdict(schedule), "pinned_core": pin_to_one_core() if timing and schedule.pin == "process"
+    record = {"case": kh.case_dict(case), "solution": str(solution_dir) if solution_dir else baseline_label(task),
+              "device": info.name, "timing": timing, "schedule": asdict(schedule),
+              "pinned_core": pin_to_one_core() if timing and schedule.pin == "process"
               and info.device.type == "cuda" else None,
               "error": None, "times_us": [], "median_us": None, "copy_gbps": None, "roofline_us": None, "calls": 0}
-    book = GateBook(ROLE_GATES)
+    book = GateBook(role_gates(task))
     for name, reason in CUDA_ONLY.items():
         if info.device.type != "cuda":
             book.skip(name, reason + f"; this run is on {info.name}")
+    for name, reason in undeclared_gates(task).items():
+        book.skip(name, reason)
     if not timing:
         for name in TIMING_GATES:
             book.skip(name, "a timing gate: not run with --gates-only")
-    role = Role(solution_dir, case, schedule, timing, info.device, book, record)
+    role = Role(task, solution_dir, case, schedule, timing, info.device, book, record)
     for step in (role.setup, role.gates_pass, role.timing_pass, role.close):
         if step == role.timing_pass and (not timing or book.failed() or role.fn is None):
             for name in TIMING_GATES if timing else ():  # cheap to expensive: a failed candidate is not timed

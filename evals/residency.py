@@ -1,21 +1,24 @@
-"""The residency guard: what a solution keeps alive, checked at SPEC.md's three checkpoints.
+"""The residency guard: what a solution keeps alive, checked at three checkpoints, for a task that declares the
+residency stage.
 
-    .venv/bin/python -m evals.residency --solution DIR [--panel visible|smoke|FILE] [--calls N] [--json OUT]
+    .venv/bin/python -m evals.residency [--task NAME|DIR] --solution DIR [--panel visible|smoke|FILE] [--calls N]
+                                        [--json OUT]
 
-For a case (M, K, N), measured after synchronize, ``gc.collect()`` and ``torch.cuda.empty_cache()`` as growth over
-the guard's own tensors, after build, after the first call and after the whole call schedule:
-- total       everything the solution added <= K*N/2 + (K/128)*N*2 + max(8 MiB, 4*M*K + 8*M*N)
-- floating    fp16/bf16/fp32/fp64 storage, except one fp16 tensor of exact shape (K/128, N) or (N, K/128),
-              <= 2*M*K + 4*M*N + 1 MiB; the two limits are separate, so unused int4 bytes cannot pay for floats
-- unpacked    no int8/uint8 tensor of K*N bytes or more (nor any integer tensor: a label must not hide the codes),
-              no fp16/bf16 tensor of 2*K*N bytes or more
-- workspace   everything but one int4 repack (the largest integer storage of at most K*N/2 bytes) and the scale
-              copy <= the floating limit, whatever its dtype (stricter than the letter of SPEC.md, so that a buffer
-              cannot escape the floating limit by its label: outputs cached as int16, floats viewed as int32)
+For each case, storage is measured after synchronize, ``gc.collect()`` and ``torch.cuda.empty_cache()`` as growth over
+the guard's own tensors, after build, after the first call and after the whole call schedule. The measuring is this
+module's; what may be kept is the task's: its adapter's ``residency(case)`` gives an allowance object with
+
+    audit(point, new) -> [violation]   the rules a checkpoint breaks (``over_limit`` makes one violation record)
+    account(point, new) -> dict        (optional) the task's own figures, recorded in the checkpoint (``figures``)
+    quoted                             (optional) the names of those figures the verifier's residency gate quotes
+
+where ``point`` is the Checkpoint (total, by dtype, unattributed) and ``new`` the storages the solution added
+(Storage: nbytes, dtype name, shape). tasks/w4a16/adapter.py's Allowance is the example (total, floating, unpacked
+and workspace rules). A task that declares no residency stage has no guard: this command refuses it (exit 2).
 
 Storage is found two ways: every tensor and storage object reachable by the garbage collector (grouped by dtype),
 and on CUDA the allocator's own count. Allocator bytes that no object explains (a raw allocation, a tensor held
-only inside C++) cannot be shown not to be floating point, so they count as floating ("unattributed").
+only inside C++) cannot be shown not to be floating point ("unattributed"): an allowance counts them as floating.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from pathlib import Path
 import torch
 
 from evals import kernel_harness as kh
+from evals import task as tasks
 from evals.loader import load_solution, resolve_solution_dir, unload_solution
 from evals.selfcheck import CANDIDATE_ERRORS, error_record
 
@@ -40,20 +44,6 @@ HALF_FLOAT_NAMES = frozenset(("float16", "bfloat16"))
 ALLOCATOR_BLOCK = 512  # the CUDA caching allocator rounds every block up to this
 CALLS_CUDA = 16384 + 8192 + 11 * 512  # the verifier's calls per role
 CALLS_INTERPRETED = 24
-
-
-@dataclass(frozen=True)
-class Allowance:
-    total: int
-    floating: int
-    byte_codes: int  # an int8/uint8 tensor this large is a full unpacked code tensor
-    half_floats: int  # an fp16/bf16 tensor this large is a full dequantized weight
-
-    @classmethod
-    def for_case(cls, m: int, k: int, n: int) -> "Allowance":
-        groups = k // kh.GROUP_SIZE
-        return cls(k * n // 2 + groups * n * 2 + max(8 * MIB, 4 * m * k + 8 * m * n), 2 * m * k + 4 * m * n + MIB,
-                   k * n, 2 * k * n)
 
 
 @dataclass
@@ -107,18 +97,52 @@ def allocated(device: torch.device) -> int | None:
 @dataclass
 class Checkpoint:
     name: str
-    total_bytes: int
-    floating_bytes: int
-    workspace_bytes: int  # everything but the scale copy and the one int4 repack (the largest integer storage <= K*N/2)
+    total_bytes: int  # everything the solution added, unattributed bytes included
     by_dtype: dict[str, int]
     unattributed_bytes: int
-    scale_copy_exempt: list | None
     largest: list[dict]
+    figures: dict = field(default_factory=dict)  # the allowance's own (its ``account``), flat in the record
     violations: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """The checkpoint's record: the allowance's figures beside the measured ones."""
+        return {"name": self.name, "total_bytes": self.total_bytes, **self.figures, "by_dtype": self.by_dtype,
+                "unattributed_bytes": self.unattributed_bytes, "largest": self.largest, "violations": self.violations}
+
+    def quoted(self, allowance) -> dict:
+        """The figures the allowance names for the verifier's evidence (its ``quoted``), by name."""
+        return {name: self.figures[name] for name in getattr(allowance, "quoted", ())}
+
+
+def over_limit(point: Checkpoint, rule: str, used: int, limit: int, what: str) -> dict | None:
+    """One broken rule, with the bytes over its limit; None when ``used`` is within ``limit``. An allowance's
+    ``audit`` returns these."""
+    if used <= limit:
+        return None
+    return {"rule": rule, "checkpoint": point.name, "bytes": used, "limit": limit, "over": used - limit,
+            "message": f"{what}: {used:,} bytes > {limit:,} allowed ({used - limit:,} over) after {point.name}"}
+
+
+def require_residency(task: tasks.Task) -> None:
+    """ValueError, saying so, where the task declares no residency stage: it has no allowance to check."""
+    if not task.declares("residency"):
+        raise ValueError(f"task {task.name} declares no residency stage (its task.json's stages: "
+                         f"{', '.join(task.stages)}): there is no allowance to check")
+
+
+def allowance_for(task: tasks.Task, case):
+    """The task's residency allowance for ``case`` (its adapter's ``residency(case)``); ValueError without one."""
+    require_residency(task)
+    if not callable(getattr(task.adapter, "residency", None)):
+        raise ValueError(f"task {task.name} declares the residency stage but its adapter defines no residency(case) "
+                         "(evals/task.py lists the interface)")
+    return task.adapter.residency(case)
 
 
 def measure(name: str, before: dict[int, Storage], before_allocated: int | None, device: torch.device,
-            case: kh.Case) -> Checkpoint:
+            allowance) -> Checkpoint:
+    """One checkpoint: what was added since ``before``, and the rules of ``allowance`` (a task's ``residency(case)``)
+    it breaks."""
     settle(device)
     now = live_storages(device)
     new = [s for key, s in now.items() if key not in before]
@@ -131,47 +155,12 @@ def measure(name: str, before: dict[int, Storage], before_allocated: int | None,
     if current is not None:
         rounded = sum(-(-s.nbytes // ALLOCATOR_BLOCK) * ALLOCATOR_BLOCK for s in new)
         unattributed = max(0, current - before_allocated - rounded)
-    groups = case.k // kh.GROUP_SIZE
-    scale_shapes = {(groups, case.n), (case.n, groups)}
-    exempt = next((s for s in new if s.dtype == "float16" and s.shape in scale_shapes
-                   and s.nbytes == groups * case.n * 2), None)
-    floating = sum(s.nbytes for s in new if s.dtype in FLOATING_NAMES | {"untyped"} and s is not exempt) + unattributed
-    repack = max((s for s in new if s.dtype in INTEGER_NAMES and s.nbytes <= case.k * case.n // 2),
-                 key=lambda s: s.nbytes, default=None)
-    workspace = sum(s.nbytes for s in new if s is not exempt and s is not repack) + unattributed
     largest = sorted(new, key=lambda s: -s.nbytes)[:5]
-    point = Checkpoint(name, enumerated + unattributed, floating, workspace, by_dtype, unattributed,
-                       None if exempt is None else list(exempt.shape), [asdict(s) for s in largest])
-    point.violations = audit(point, new, Allowance.for_case(case.m, case.k, case.n))
+    point = Checkpoint(name, enumerated + unattributed, by_dtype, unattributed, [asdict(s) for s in largest])
+    account = getattr(allowance, "account", None)
+    point.figures = account(point, new) if account is not None else {}
+    point.violations = allowance.audit(point, new)
     return point
-
-
-def audit(point: Checkpoint, new: list[Storage], allowance: Allowance) -> list[dict]:
-    """The rules broken at one checkpoint, each with the bytes over its limit."""
-    broken = []
-
-    def rule(name: str, used: int, limit: int, what: str) -> None:
-        if used > limit:
-            broken.append({"rule": name, "checkpoint": point.name, "bytes": used, "limit": limit, "over": used - limit,
-                           "message": f"{what}: {used:,} bytes > {limit:,} allowed ({used - limit:,} over) "
-                                      f"after {point.name}"})
-
-    rule("total", point.total_bytes, allowance.total, "retained device memory")
-    rule("floating", point.floating_bytes, allowance.floating,
-         "retained floating-point storage (besides one (K/128, N) fp16 scale copy"
-         + (f"; {point.unattributed_bytes:,} bytes unattributed" if point.unattributed_bytes else "") + ")")
-    # Stricter than the letter of the floating rule, so that a label cannot hide a buffer: outputs cached as int16
-    # or float scratch viewed as int32 count here whatever their dtype.
-    rule("workspace", point.workspace_bytes, allowance.floating,
-         "retained storage besides the one int4 repack and the scale copy, whatever its dtype")
-    for s in new:
-        if s.dtype in INTEGER_NAMES:  # the int4 repack is K*N/2 bytes; K*N is a code a byte, however it is labelled
-            rule("unpacked-int8", s.nbytes, allowance.byte_codes - 1,
-                 f"a full unpacked code tensor ({s.dtype} {s.shape})")
-        if s.dtype in HALF_FLOAT_NAMES:
-            rule("unpacked-dense", s.nbytes, allowance.half_floats - 1,
-                 f"a full dequantized weight ({s.dtype} {s.shape})")
-    return broken
 
 
 @dataclass
@@ -182,27 +171,32 @@ class CaseResidency:
     error: dict | None = None
     calls: int = 0
 
+    def to_dict(self) -> dict:
+        return {"case": self.case, "ok": self.ok, "checkpoints": [point.to_dict() for point in self.checkpoints],
+                "error": self.error, "calls": self.calls}
 
-def guard_case(solution: Path, case: kh.Case, device: torch.device, calls: int) -> CaseResidency:
+
+def guard_case(task: tasks.Task, solution: Path, case, device: torch.device, calls: int) -> CaseResidency:
     result = CaseResidency(case=kh.case_dict(case), calls=calls)
-    tensors = kh.generate(case, "normal", device)
-    inputs = kh.make_inputs(case, 64 if device.type == "cuda" else 2, seed=2, device=device)
+    allowance = allowance_for(task, case)
+    weights = task.adapter.generate(case, task.adapter.MODES[0], device).weights
+    inputs = task.adapter.make_inputs(case, 64 if device.type == "cuda" else 2, seed=2, device=device)
     settle(device)
     before, before_allocated = live_storages(device), allocated(device)
     stage, module = "load", None
     try:
-        module = load_solution(solution)
+        module = load_solution(solution, entry=task.entry)
         stage = "build"
-        fn = module.build(tensors.qweight, tensors.scales, tensors.bias, case.epilogue)
-        result.checkpoints.append(measure("build", before, before_allocated, device, case))
+        fn = task.build(module, weights)
+        result.checkpoints.append(measure("build", before, before_allocated, device, allowance))
         stage = "first call"
         out = fn(*inputs[0])
         del out
-        result.checkpoints.append(measure("first call", before, before_allocated, device, case))
+        result.checkpoints.append(measure("first call", before, before_allocated, device, allowance))
         stage = "call schedule"
         for i in range(1, calls):
             fn(*inputs[i % len(inputs)])
-        result.checkpoints.append(measure(f"{calls} calls", before, before_allocated, device, case))
+        result.checkpoints.append(measure(f"{calls} calls", before, before_allocated, device, allowance))
         result.ok = not any(point.violations for point in result.checkpoints)
     except CANDIDATE_ERRORS as exc:
         result.error = error_record(stage, exc)
@@ -219,7 +213,9 @@ def warm_libraries(device: torch.device) -> None:
         (a @ a).sum().item()
 
 
-def run(solution: Path, panel: str, calls: int | None = None, log=print) -> dict:
+def run(solution: Path, panel: str, calls: int | None = None, log=print, task: tasks.Task | None = None) -> dict:
+    task = task or tasks.load()
+    require_residency(task)  # before anything runs
     info = kh.select_device()
     log(info.message)
     if info.device.type != "cuda":
@@ -228,22 +224,24 @@ def run(solution: Path, panel: str, calls: int | None = None, log=print) -> dict
     calls = calls or (CALLS_INTERPRETED if info.interpreted else CALLS_CUDA)
     warm_libraries(info.device)
     cases = []
-    for case in kh.load_panel(panel):
-        result = guard_case(solution, case, info.device, calls)
+    for case in task.cases(panel):
+        result = guard_case(task, solution, case, info.device, calls)
         cases.append(result)
-        log(format_case(result))
-    return {"solution": str(solution), "panel": str(panel), "device": info.name, "calls": calls,
-            "ok": all(c.ok for c in cases), "cases": [asdict(c) for c in cases]}
+        log(format_case(result, allowance_for(task, case)))
+    return {"task": task.name, "solution": str(solution), "panel": str(panel), "device": info.name, "calls": calls,
+            "ok": all(c.ok for c in cases), "cases": [c.to_dict() for c in cases]}
 
 
-def format_case(result: CaseResidency) -> str:
+def format_case(result: CaseResidency, allowance=None) -> str:
     head = f"{result.case['name']:<26} {'ok' if result.ok else 'FAIL'}"
     lines = [head]
     for point in result.checkpoints:
         dtypes = (", ".join(f"{name} {nbytes / MIB:.2f}" for name, nbytes in sorted(point.by_dtype.items()))
                   or "nothing new")
-        lines.append(f"    after {point.name:<14} total {point.total_bytes / MIB:9.2f} MiB, "
-                     f"floating {point.floating_bytes / MIB:8.2f} MiB [{dtypes}{' MiB' if point.by_dtype else ''}]"
+        figures = "".join(f", {name.removesuffix('_bytes')} {value / MIB:8.2f} MiB"
+                          for name, value in point.quoted(allowance).items())
+        lines.append(f"    after {point.name:<14} total {point.total_bytes / MIB:9.2f} MiB{figures} "
+                     f"[{dtypes}{' MiB' if point.by_dtype else ''}]"
                      + (f", unattributed {point.unattributed_bytes / MIB:.2f} MiB" if point.unattributed_bytes
                         else ""))
         lines += [f"      violated {v['rule']}: {v['message']}" for v in point.violations]
@@ -254,6 +252,7 @@ def format_case(result: CaseResidency) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=".venv/bin/python -m evals.residency", description=__doc__.split("\n")[0])
+    tasks.add_argument(parser)
     parser.add_argument("--solution", required=True, help="solution directory, e.g. methods/main")
     parser.add_argument("--panel", help="visible, smoke or a panel JSON file (default: visible with CUDA, else smoke)")
     parser.add_argument("--calls", type=int, help=f"calls before the last checkpoint (default {CALLS_CUDA} on CUDA, "
@@ -263,9 +262,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.calls is not None and args.calls < 1:
         parser.error("--calls must be at least 1")
     try:
+        task = tasks.load(args.task)
+        require_residency(task)  # before the solution's path is checked
         solution = resolve_solution_dir(args.solution)
-        report = run(solution, args.panel or kh.default_panel(), args.calls, log=lambda line: print(line, flush=True))
-    except (FileNotFoundError, ValueError, kh.SetupError) as exc:
+        report = run(solution, args.panel or kh.default_panel(), args.calls, log=lambda line: print(line, flush=True),
+                     task=task)
+    except (FileNotFoundError, ValueError, kh.SetupError) as exc:  # TaskError is a ValueError
         print(f"residency: {exc}", file=sys.stderr)
         return 2
     print("residency guard: " + ("every case within the contract" if report["ok"] else "FAILED"))

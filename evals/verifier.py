@@ -1,42 +1,47 @@
-"""The sealed judge of SPEC.md: every hard gate, then three timed roles per case, then the score.
+"""The sealed judge of a task's spec: every hard gate, then three timed roles per case, then the score.
 
-    .venv/bin/python -m evals.verifier --solution DIR --panel FILE [--baseline DIR] [--json OUT]
+    .venv/bin/python -m evals.verifier [--task NAME|DIR] --solution DIR --panel FILE [--baseline DIR] [--json OUT]
                                        [--gates-only [--jobs N]]
-    .venv/bin/python -m evals.verifier make-panel --seed S [--out FILE] [--per-stratum 5]
+    .venv/bin/python -m evals.verifier make-panel [--task NAME|DIR] --seed S [--out FILE] [--per-stratum 5]
+
+The task (evals/task.py; default w4a16) gives everything that is its own: cases, inputs, the oracle, the strata, the
+baseline and the sealed-panel generator; this module and evals/gates.py know no task's terms.
 
 ``--json OUT`` is rewritten after each case while the run goes on (``partial``: true, never valid), so a run stopped
 early still leaves the cases it judged; the last write is the full report.
 
-This process never imports candidate code. It runs the source policy (evals/policy.py) itself, and for each case
-starts one process per role (``python -m evals.verifier role ...``, evals/gates.py) in a scratch directory: the
-baseline (v0) "before", the candidate, the baseline "after", each with SPEC.md's full schedule. Dispersion: each
-role's 11 group times have max/min <= 1.15 and the two baseline medians agree within 1.15, with no retry and no
-trimming. Case score = sqrt(before * after) / candidate; geometric mean per stratum; harmonic mean across strata.
-Exit status 0 only for a valid submission (every gate passed, none skipped). A source that the policy rejects is
-invalid whatever it does, so a full run does not time it: its role gates are skipped and policy is the failed gate.
+This process never imports candidate code. It runs the source policy (evals/policy.py) itself, and for each case starts
+one process per role (``python -m evals.verifier role ...``, evals/gates.py) in a scratch directory: the baseline
+"before", the candidate, the baseline "after", each with the timing protocol's full schedule. The baseline is the task's
+(its manifest's version, or the adapter's callable, which a role runs with ``--baseline-callable``), or the solution
+given by ``--baseline``. Dispersion: each role's 11 group times have max/min <= 1.15 and the two baseline medians agree
+within 1.15, with no retry and no trimming. Case score = sqrt(before * after) / candidate; geometric mean per stratum;
+harmonic mean across strata. Exit status 0 only for a valid submission (every gate passed, none skipped). A source that
+the policy rejects is invalid whatever it does, so a full run does not time it: its role gates are skipped and policy is
+the failed gate.
 
 ``--gates-only`` runs the candidate role alone, every gate but the timing ones (even when the policy failed: the
 role's dynamic evidence shows what the code does); without CUDA on CPU tensors under the Triton interpreter,
 skipping only the CUDA-only gates and saying why (exit 0 when no gate failed). Nothing is timed there, so
 ``--jobs N`` checks N cases at once, each still in its own process.
-A case the verifier itself cannot set up (a seed whose adversarial construction leaves fp16 range) fails the
+A case the verifier itself cannot set up (a seed whose construction the task's adapter cannot complete) fails the
 case_setup gate with the verifier's message; that is a panel problem to re-draw, not a failure of the candidate.
 A hidden ``--schedule smoke`` shrinks the schedule so that CPU tests of the whole pipeline finish; it never scores.
 
 A failed dispersion gate says why where it can: after its timed groups the candidate role measures its host cost and
 GPU time per call (evals/stability.py), and the gate's evidence names a host-bound candidate (GPU time below the host
 cost, or under the calibrated ratio). The verdict does not change: the gate still fails.
-Stabilizers (SPEC.md advice), on the verifier's side only: the cyclic garbage collector is disabled during the timed
-groups, and each timing role on CUDA pins itself to one core with os.sched_setaffinity where the OS has it. The hidden
-``--schedule spec-unpinned`` (no pinning) and ``--schedule spec-thread-pinned`` (the timing thread alone on one core,
-the process's other threads on the rest) run SPEC.md's schedule with another pinning, to measure what the pinning
-does to a host-bound candidate's dispersion; the report says so (``schedule``), and the verdict of record is the
-default. A role process dies with the verifier (Linux: PR_SET_PDEATHSIG), so a verifier killed by a time limit
-leaves nothing running on the GPU.
-The input schedule is a pool of 512 distinct (x, residual) pairs (one per call of a timed group), drawn from the
-case's seed; before each timed group, outside its timed region, the pool is rewritten in place with the group's
-own seeded draw: identical for all three roles, fresh for each case and group, and no input pair (address,
-_version or contents) repeats within a group or between groups, so a cache of outputs never pays off.
+Stabilizers (the timing protocol's advice), on the verifier's side only: the cyclic garbage collector is disabled
+during the timed groups, and each timing role on CUDA pins itself to one core with os.sched_setaffinity where the OS
+has it. The hidden ``--schedule spec-unpinned`` (no pinning) and ``--schedule spec-thread-pinned`` (the timing
+thread alone on one core, the process's other threads on the rest) run the protocol's schedule with another pinning,
+to measure what the pinning does to a host-bound candidate's dispersion; the report says so (``schedule``), and the
+verdict of record is the default. A role process dies with the verifier (Linux: PR_SET_PDEATHSIG), so a verifier
+killed by a time limit leaves nothing running on the GPU.
+The input schedule is a pool of 512 distinct call inputs (one per call of a timed group), drawn from the case's seed;
+before each timed group, outside its timed region, the pool is rewritten in place with the group's own seeded draw:
+identical for all three roles, fresh for each case and group, and no call input (address, _version or contents)
+repeats within a group or between groups, so a cache of outputs never pays off.
 """
 from __future__ import annotations
 
@@ -45,7 +50,6 @@ import itertools
 import json
 import math
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -56,29 +60,32 @@ from pathlib import Path
 
 from evals import gate_spies, gates, stability
 from evals import kernel_harness as kh
-from evals.gates import ROLE_GATES, SETUP_STAGE
+from evals import task as tasks
+from evals.gates import SETUP_STAGE, role_gates
 from evals.loader import resolve_solution_dir
 from evals.selfcheck import stratum_scores
 
 ROOT = Path(__file__).resolve().parent.parent
-V0_DIR = ROOT / "methods" / "versions" / "v0"
 ROLES = ("baseline_before", "candidate", "baseline_after")
-DISPERSION_LIMIT = 1.15
+DISPERSION_LIMIT = 1.15  # max/min of a role's group times, and of the two baseline medians (the one source of 1.15)
 ROLE_TIMEOUT_S = {"spec": 900, "spec-unpinned": 900, "spec-thread-pinned": 900, "smoke": 600}
 PANEL_HOME = Path.home() / ".kloop" / "panels"
-PROTECTED_DIRS = ("methods", "workspace")  # the agent reads and writes these: no sealed panel may live there
+# the agent reads and writes these (and a task's own readable, main and versions folders): no sealed panel may live
+# there
+PROTECTED_DIRS = ("methods", "workspace", "tasks")
 PER_STRATUM = 5
-K_RANGE = (8192, 28672)
 _ROLE_IDS = itertools.count()  # unique record names when roles run at once
-N_BY_STRATUM = {"balanced": (4096, 28672), "expert-batch": (512, 2048)}
 
 
 # ----------------------------------------------------------------------------------------------------- roles
-def run_role_process(solution: Path, case: kh.Case, schedule: str, timing: bool, scratch: Path) -> dict:
-    """One role in a fresh process; a crash, a hang or a missing record becomes an error record."""
+def run_role_process(task: tasks.Task, solution: Path | None, case, schedule: str, timing: bool,
+                     scratch: Path) -> dict:
+    """One role in a fresh process (``solution`` None: the task's callable baseline); a crash, a hang or a missing
+    record becomes an error record."""
     out = scratch / f"role-{os.getpid()}-{next(_ROLE_IDS)}-{case.name}.json"
-    command = ([sys.executable, "-m", "evals.verifier", "role", "--solution", str(solution),
-                "--case", json.dumps(asdict(case)), "--schedule", schedule, "--out", str(out)]
+    command = ([sys.executable, "-m", "evals.verifier", "role", "--task", str(task.folder)]
+               + (["--solution", str(solution)] if solution is not None else ["--baseline-callable"])
+               + ["--case", json.dumps(asdict(case)), "--schedule", schedule, "--out", str(out)]
                + (["--timing"] if timing else []))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                KLOOP_VERIFIER_PID=str(os.getpid()))
@@ -92,13 +99,21 @@ def run_role_process(solution: Path, case: kh.Case, schedule: str, timing: bool,
         return json.loads(out.read_text())
     except (OSError, ValueError):  # no record, or a half-written one: the process died
         pass
-    return {"case": kh.case_dict(case), "solution": str(solution), "gates": {}, "times_us": [], "median_us": None,
-            "error": {"stage": "role process", "name": "RoleCrashed", "message": failure}}
+    return {"case": kh.case_dict(case), "solution": solution_label(task, solution), "gates": {}, "times_us": [],
+            "median_us": None, "error": {"stage": "role process", "name": "RoleCrashed", "message": failure}}
+
+
+def solution_label(task: tasks.Task, solution: Path | None) -> str:
+    return str(solution) if solution is not None else gates.baseline_label(task)
 
 
 def role_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog=".venv/bin/python -m evals.verifier role")
-    parser.add_argument("--solution", required=True)
+    tasks.add_argument(parser)
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--solution", help="the solution directory this role runs")
+    which.add_argument("--baseline-callable", action="store_true",
+                       help="run the task's callable baseline (its adapter's baseline(weights, case)), no solution")
     parser.add_argument("--case", required=True, help="the case as JSON")
     parser.add_argument("--schedule", default="spec")
     parser.add_argument("--timing", action="store_true")
@@ -106,8 +121,10 @@ def role_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     gate_spies.die_with_parent(os.environ.get("KLOOP_VERIFIER_PID"))
     out = open(args.out, "w")  # opened before candidate code exists in this process
-    record = gates.run_role(resolve_solution_dir(args.solution), kh.Case(**json.loads(args.case)),
-                            gates.SCHEDULES[args.schedule], args.timing)
+    task = tasks.load(args.task)
+    solution = None if args.baseline_callable else resolve_solution_dir(args.solution)
+    record = gates.run_role(task, solution, task.adapter.Case(**json.loads(args.case)), gates.SCHEDULES[args.schedule],
+                            args.timing)
     out.write(json.dumps(record, default=str))
     out.close()
     return 0
@@ -122,10 +139,10 @@ def policy_gate(solution: Path) -> dict:
     return {"status": "fail" if found else "pass", "evidence": evidence or [f"every *.py of {solution} clean"]}
 
 
-def not_run_record(case: kh.Case, solution: Path, reason: str) -> dict:
+def not_run_record(task: tasks.Task, case, solution: Path, reason: str) -> dict:
     """The candidate's record when its role is deliberately not run: every role gate skipped, with the reason."""
     return {"case": kh.case_dict(case), "solution": str(solution), "not_run": reason, "times_us": [], "median_us": None,
-            "error": None, "gates": {name: {"status": "skip", "evidence": [reason]} for name in ROLE_GATES}}
+            "error": None, "gates": {name: {"status": "skip", "evidence": [reason]} for name in role_gates(task)}}
 
 
 def dispersion(times: list[float]) -> float | None:
@@ -143,7 +160,7 @@ def host_bound_line(record: dict) -> str:
             + (why if not stable else f"{why}: not host-bound, so the host's or the GPU's noise spread the groups"))
 
 
-def judge_case(case: kh.Case, roles: dict[str, dict], policy: dict, gates_only: bool) -> dict:
+def judge_case(task: tasks.Task, case, roles: dict[str, dict], policy: dict, gates_only: bool) -> dict:
     candidate = roles["candidate"]
     gates = {name: dict(gate) for name, gate in candidate.get("gates", {}).items()}
     gates["policy"] = policy
@@ -151,7 +168,7 @@ def judge_case(case: kh.Case, roles: dict[str, dict], policy: dict, gates_only: 
                       if (r.get("error") or {}).get("stage") == SETUP_STAGE]
     if setup_failures:  # the verifier's own failure: the case was never judged, so nothing is said of the candidate
         unjudged = {"status": "skip", "evidence": ["not run: the verifier could not set up this case (see case_setup)"]}
-        gates = {name: dict(unjudged) for name in (*ROLE_GATES, "coverage")} | {"policy": policy, "case_setup": {
+        gates = {name: dict(unjudged) for name in (*role_gates(task), "coverage")} | {"policy": policy, "case_setup": {
             "status": "fail", "evidence": [f"the verifier could not set up {case.name} (seed {case.seed}), so no role "
                                            "gate ran; a panel or verifier problem, not a failure of the candidate "
                                            "(draw the panel again): " + "; ".join(setup_failures)]}}
@@ -197,7 +214,9 @@ def judge_case(case: kh.Case, roles: dict[str, dict], policy: dict, gates_only: 
             "ratio": ratio, "score": None if failed else ratio, "roles": roles}
 
 
-def summarize(cases: list[dict], gates_only: bool) -> dict:
+def summarize(cases: list[dict], gates_only: bool, task: tasks.Task | None = None) -> dict:
+    """The report's verdict over judged cases: each gate's status, the skipped gates with a reason, the scores.
+    Valid: no gate failed and, in a full run, none skipped but those the task declares away (``task``)."""
     names = list(dict.fromkeys(name for c in cases for name in c["gates"]))
     statuses = {}
     for name in names:
@@ -211,47 +230,51 @@ def summarize(cases: list[dict], gates_only: bool) -> dict:
     per_stratum, score = stratum_scores(strata)
     score = None if gates_only else score
     passed = bool(cases) and all(s != "fail" for s in statuses.values())
+    blocking = set(skipped) - set(gates.undeclared_gates(task) if task is not None else ())
     return {"gates": statuses, "skipped": skipped, "strata": per_stratum, "score": score,
-            "valid": passed and (gates_only or (not skipped and score is not None))}
+            "valid": passed and (gates_only or (not blocking and score is not None))}
 
 
-def judge(solution: Path, panel: str, baseline: Path, gates_only: bool, schedule: str, log=print, jobs: int = 1,
-          progress=None) -> dict:
-    """Every case's roles, one process each. Timed roles always run one at a time; with ``gates_only`` (nothing is
-    timed) up to ``jobs`` cases run at once. ``progress(report)``, if given, receives the report so far after each
-    case (``partial``: True, never valid), so that a run stopped early leaves the cases it judged."""
+def judge(task: tasks.Task, solution: Path, panel: str, baseline: Path | None, gates_only: bool, schedule: str,
+          log=print, jobs: int = 1, progress=None) -> dict:
+    """Every case's roles, one process each, against ``baseline`` (a solution directory; None: the task's callable
+    baseline). Timed roles always run one at a time; with ``gates_only`` (nothing is timed) up to ``jobs`` cases run
+    at once. ``progress(report)``, if given, receives the report so far after each case (``partial``: True, never
+    valid), so that a run stopped early leaves the cases it judged."""
     info = kh.select_device()
-    cases = kh.load_panel(panel)
+    cases = task.cases(panel)
     policy = policy_gate(solution)
     log(f"{info.message}\npolicy: {policy['status']}"
         + ("" if policy["status"] == "pass" else "\n    " + "\n    ".join(policy["evidence"][:10])))
     log(HEADER)
-    head = {"solution": str(solution), "baseline": str(baseline), "panel": str(panel), "device": info.name,
-            **provenance(), "mode": "gates-only" if gates_only else "full", "schedule": schedule}
+    head = {"task": task.name, "solution": str(solution), "baseline": solution_label(task, baseline),
+            "panel": str(panel), "device": info.name, **provenance(), "mode": "gates-only" if gates_only else "full",
+            "schedule": schedule}
     judged = []
     with tempfile.TemporaryDirectory(prefix="kloop-verifier-") as scratch:
         untimed = []  # by position: two cases of a panel may share a name (same shape, other seeds)
         if gates_only:
             with ThreadPoolExecutor(max(1, jobs)) as pool:
-                untimed = list(pool.map(lambda c: run_role_process(solution, c, schedule, False, Path(scratch)), cases))
+                untimed = list(pool.map(lambda c: run_role_process(task, solution, c, schedule, False, Path(scratch)),
+                                        cases))
         for position, case in enumerate(cases):
             if gates_only:
                 roles = {"candidate": untimed[position]}
             elif policy["status"] != "pass":  # invalid whatever it does: timing it would spend three roles for nothing
-                roles = {"candidate": not_run_record(case, solution,
+                roles = {"candidate": not_run_record(task, case, solution,
                                                      "not run: the source policy rejected the solution, so it is not "
                                                      "timed (--gates-only still runs it for evidence)")}
             else:
-                roles = {"baseline_before": run_role_process(baseline, case, schedule, True, Path(scratch))}
-                roles["candidate"] = run_role_process(solution, case, schedule, True, Path(scratch))
+                roles = {"baseline_before": run_role_process(task, baseline, case, schedule, True, Path(scratch))}
+                roles["candidate"] = run_role_process(task, solution, case, schedule, True, Path(scratch))
                 if roles["candidate"].get("median_us") is not None:  # an untimed (failed) candidate needs no "after"
-                    roles["baseline_after"] = run_role_process(baseline, case, schedule, True, Path(scratch))
-            judged.append(judge_case(case, roles, policy, gates_only))
+                    roles["baseline_after"] = run_role_process(task, baseline, case, schedule, True, Path(scratch))
+            judged.append(judge_case(task, case, roles, policy, gates_only))
             log(format_row(judged[-1]))
             if progress is not None and len(judged) < len(cases):
                 progress({**head, "cases": list(judged), "partial": True, "valid": False,
                           "note": f"{len(judged)} of {len(cases)} cases judged; the run did not finish"})
-    return {**head, "cases": judged, **summarize(judged, gates_only)}
+    return {**head, "cases": judged, **summarize(judged, gates_only, task)}
 
 
 def provenance() -> dict:
@@ -306,53 +329,48 @@ def print_summary(report: dict) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------- sealed panels
-def make_panel(seed: int, per_stratum: int = PER_STRATUM) -> dict:
-    """Cases from the visible regimes, disjoint from the visible tuples and seeds, both epilogues in each stratum;
-    K * N at most the largest visible case's, so that no sealed case outgrows the visible memory and time.
+def make_panel(seed: int, per_stratum: int = PER_STRATUM, task: tasks.Task | None = None) -> dict:
+    """A sealed panel of the task (default: the default task), drawn by its adapter's ``make_panel`` from the seed
+    alone: ``per_stratum`` cases in each of the manifest's strata, disjoint from the visible panel's cases."""
+    task = task or tasks.load()
+    return task.adapter.make_panel(seed, per_stratum, task.strata, task.cases("visible"))
 
-    Seeds are not tried here (the adversarial construction of a big case is costly on CPU): a seed whose construction
-    leaves fp16 range fails that case's case_setup gate at verify time, naming the verifier, and the panel is
-    redrawn."""
-    rng = random.Random(seed)
-    visible = kh.load_panel("visible")
-    taken = {(c.m, c.k, c.n, c.epilogue) for c in visible}
-    seeds = {c.seed for c in visible}
-    largest = max(c.k * c.n for c in visible)
-    cases = []
-    for stratum, (n_low, n_high) in N_BY_STRATUM.items():
-        epilogues = [kh.EPILOGUES[i % 2] for i in range(per_stratum)]
-        rng.shuffle(epilogues)
-        for epilogue in epilogues:
-            while True:
-                m, k = rng.randint(18, 32), 128 * rng.randint(K_RANGE[0] // 128, K_RANGE[1] // 128)
-                n = 256 * rng.randint(n_low // 256, n_high // 256)
-                if (m, k, n, epilogue) not in taken and k * n <= largest:
-                    break
-            case_seed = rng.randrange(10_000, 2**31)
-            while case_seed in seeds:
-                case_seed = rng.randrange(10_000, 2**31)
-            taken.add((m, k, n, epilogue))
-            seeds.add(case_seed)
-            cases.append(asdict(kh.Case(stratum, m, k, n, epilogue, case_seed)))
-    return {"note": f"sealed panel drawn with seed {seed}; never give it to the agent", "cases": cases}
+
+def protected_dirs(task: tasks.Task) -> list[Path]:
+    """The folders no sealed panel may be written under: PROTECTED_DIRS and the task's readable, main and versions
+    folders (a path in the repository by its top folder there; one outside it as it is)."""
+    own = [Path(path) for path in (*task.manifest.get("readable", []), task.manifest["main"],
+                                   task.manifest["versions"]) if path]
+    dirs = [ROOT / name for name in PROTECTED_DIRS]
+    dirs += [path if path.is_absolute() else ROOT / path.parts[0] for path in own]
+    return list(dict.fromkeys(path.resolve() for path in dirs))
 
 
 def make_panel_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog=".venv/bin/python -m evals.verifier make-panel",
                                      description=make_panel.__doc__.split("\n")[0])
+    tasks.add_argument(parser)
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--out", type=Path, help=f"default {PANEL_HOME}/sealed-<seed>.json (outside the repository)")
     parser.add_argument("--per-stratum", type=int, default=PER_STRATUM)
     args = parser.parse_args(argv)
+    try:
+        task = tasks.load(args.task)
+    except tasks.TaskError as exc:
+        print(f"make-panel: {exc}", file=sys.stderr)
+        return 2
     out = (args.out or PANEL_HOME / f"sealed-{args.seed}.json").expanduser().resolve()
-    if any(out.is_relative_to(ROOT / name) for name in PROTECTED_DIRS):
-        print(f"make-panel: refusing to write {out}: the agent reads {', '.join(PROTECTED_DIRS)}/; "
+    protected = protected_dirs(task)
+    if any(out.is_relative_to(path) for path in protected):
+        names = [str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path) for path in protected]
+        print(f"make-panel: refusing to write {out}: the agent reads {', '.join(names)}/; "
               f"write outside the repository (default {PANEL_HOME})", file=sys.stderr)
         return 2
-    if args.per_stratum < 2:
-        parser.error("--per-stratum must be at least 2 (both epilogues in each stratum)")
+    fewest, why = getattr(task.adapter, "PER_STRATUM_MIN", (1, "one case"))
+    if args.per_stratum < fewest:
+        parser.error(f"--per-stratum must be at least {fewest} ({why})")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(make_panel(args.seed, args.per_stratum), indent=2) + "\n")
+    out.write_text(json.dumps(make_panel(args.seed, args.per_stratum, task), indent=2) + "\n")
     print(f"sealed panel: {out}")
     return 0
 
@@ -365,9 +383,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["make-panel"]:
         return make_panel_main(argv[1:])
     parser = argparse.ArgumentParser(prog=".venv/bin/python -m evals.verifier", description=__doc__.split("\n")[0])
+    tasks.add_argument(parser)
     parser.add_argument("--solution", required=True, help="solution directory, e.g. methods/main")
     parser.add_argument("--panel", required=True, help="a panel JSON file (or visible, smoke)")
-    parser.add_argument("--baseline", default=str(V0_DIR), help="the yardstick (default methods/versions/v0)")
+    parser.add_argument("--baseline", help="the yardstick, a solution directory (default: the task's baseline, its "
+                                           "manifest's version or, where it names a callable, the adapter's)")
     parser.add_argument("--json", type=Path, help="write the full report here (after each case while it runs)")
     parser.add_argument("--gates-only", action="store_true", help="every hard gate but the timing ones, quickly")
     parser.add_argument("--jobs", type=int, default=1,
@@ -375,9 +395,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schedule", choices=tuple(gates.SCHEDULES), default="spec", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
+        task = tasks.load(args.task)
         solution = resolve_solution_dir(args.solution)
-        baseline = resolve_solution_dir(args.baseline)
-        kh.load_panel(args.panel)
+        baseline = args.baseline or task.baseline_dir  # None: the task's callable baseline
+        baseline = resolve_solution_dir(baseline) if baseline is not None else None
+        task.cases(args.panel)
     except (FileNotFoundError, ValueError, kh.SetupError) as exc:  # the user's paths, not the candidate's failure
         print(f"verifier: {exc}", file=sys.stderr)
         return 2
@@ -391,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
             partial.write_text(json.dumps(report, indent=2, default=str) + "\n")
             partial.replace(args.json)  # whole files only: a run killed while writing keeps the previous one
 
-    report = judge(solution, args.panel, baseline, args.gates_only, args.schedule,
+    report = judge(task, solution, args.panel, baseline, args.gates_only, args.schedule,
                    log=lambda line: print(line, flush=True), jobs=args.jobs, progress=write)
     print_summary(report)
     write(report)

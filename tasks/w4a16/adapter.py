@@ -418,3 +418,103 @@ def skipped_peers() -> list[str]:
     API varies across releases; wire it into PEERS (found with importlib.util.find_spec, not imported, since an import
     runs its module-level setup) when a pinned version is available."""
     return ["gemlite: not installed (or not wired for this version); skipped"]
+
+
+# ----------------------------------------------------------------------------------------------------- the judge's
+# What evals/gates.py, evals/gate_spies.py, evals/residency.py and evals/verifier.py take from a task beyond the
+# interface (each optional there): BOUND, references(), outside_bound(), PER_STRATUM_MIN, and residency() (required
+# where the manifest declares the residency stage).
+BOUND = "the fp32 bound"
+"""What the oracle's tolerance is, in words: the verifier's evidence says an output is outside it."""
+PER_STRATUM_MIN = (2, "both epilogues in each stratum")
+"""The fewest cases make_panel draws per stratum, and why (the verifier's make-panel refuses fewer)."""
+
+
+def references(weights: dict, inputs: list[tuple], case: Case) -> list[Reference]:
+    """The oracle of each call input of ``inputs`` in one pass: the inputs stacked by rows (rows are independent)."""
+    m = case.m
+    ref = oracle(torch.cat([x for x, _ in inputs]), weights["qweight"], weights["scales"], weights["bias"],
+                 torch.cat([residual for _, residual in inputs]), case.epilogue)
+    return [Reference(ref.out[i * m:(i + 1) * m], ref.tolerance[i * m:(i + 1) * m]) for i in range(len(inputs))]
+
+
+def outside_bound(outs: list[torch.Tensor], ref: Reference, case: Case) -> int:
+    """How many of ``outs`` (outputs of one input, of the right structure) lie outside the bound or are not finite."""
+    within = (torch.stack(outs).double() - ref.out).abs() <= ref.tolerance  # NaN compares False: counted outside
+    return int((~within.flatten(1).all(dim=1)).sum())
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """The residency contract of one case (tasks/w4a16/spec.md), measured by evals/residency.py at its checkpoints:
+
+    - total       everything the solution added <= K*N/2 + (K/128)*N*2 + max(8 MiB, 4*M*K + 8*M*N)
+    - floating    fp16/bf16/fp32/fp64 storage, except one fp16 tensor of exact shape (K/128, N) or (N, K/128),
+                  <= 2*M*K + 4*M*N + 1 MiB; the two limits are separate, so unused int4 bytes cannot pay for floats
+    - unpacked    no int8/uint8 tensor of K*N bytes or more (nor any integer tensor: a label must not hide the codes),
+                  no fp16/bf16 tensor of 2*K*N bytes or more
+    - workspace   everything but one int4 repack (the largest integer storage of at most K*N/2 bytes) and the scale
+                  copy <= the floating limit, whatever its dtype (stricter than the letter of the spec, so that a
+                  buffer cannot escape the floating limit by its label: outputs cached as int16, floats viewed as int32)
+    """
+    total: int
+    floating: int
+    byte_codes: int  # an int8/uint8 tensor this large is a full unpacked code tensor
+    half_floats: int  # an fp16/bf16 tensor this large is a full dequantized weight
+    k: int
+    n: int
+    quoted = ("floating_bytes",)  # (no annotation: not a field) the figures the verifier's residency gate quotes
+
+    @classmethod
+    def for_case(cls, m: int, k: int, n: int) -> "Allowance":
+        from evals.residency import MIB
+
+        groups = k // GROUP_SIZE
+        return cls(k * n // 2 + groups * n * 2 + max(8 * MIB, 4 * m * k + 8 * m * n), 2 * m * k + 4 * m * n + MIB,
+                   k * n, 2 * k * n, k, n)
+
+    def account(self, point, new: list) -> dict:
+        """The checkpoint's figures: floating storage (unattributed bytes count as floating) and workspace, each less
+        the one fp16 scale copy; the workspace less the one int4 repack too; the scale copy's shape, if one was kept."""
+        from evals.residency import FLOATING_NAMES, INTEGER_NAMES
+
+        groups = self.k // GROUP_SIZE
+        scale_shapes = {(groups, self.n), (self.n, groups)}
+        exempt = next((s for s in new if s.dtype == "float16" and s.shape in scale_shapes
+                       and s.nbytes == groups * self.n * 2), None)
+        unattributed = point.unattributed_bytes
+        floating = sum(s.nbytes for s in new if s.dtype in FLOATING_NAMES | {"untyped"} and s is not exempt)
+        repack = max((s for s in new if s.dtype in INTEGER_NAMES and s.nbytes <= self.k * self.n // 2),
+                     key=lambda s: s.nbytes, default=None)
+        workspace = sum(s.nbytes for s in new if s is not exempt and s is not repack)
+        return {"floating_bytes": floating + unattributed, "workspace_bytes": workspace + unattributed,
+                "scale_copy_exempt": None if exempt is None else list(exempt.shape)}
+
+    def audit(self, point, new: list) -> list[dict]:
+        """The rules broken at one checkpoint, each with the bytes over its limit."""
+        from evals.residency import HALF_FLOAT_NAMES, INTEGER_NAMES, over_limit
+
+        found = point.figures
+        broken = [
+            over_limit(point, "total", point.total_bytes, self.total, "retained device memory"),
+            over_limit(point, "floating", found["floating_bytes"], self.floating,
+                       "retained floating-point storage (besides one (K/128, N) fp16 scale copy"
+                       + (f"; {point.unattributed_bytes:,} bytes unattributed" if point.unattributed_bytes else "")
+                       + ")"),
+            # Stricter than the letter of the floating rule, so that a label cannot hide a buffer: outputs cached as
+            # int16 or float scratch viewed as int32 count here whatever their dtype.
+            over_limit(point, "workspace", found["workspace_bytes"], self.floating,
+                       "retained storage besides the one int4 repack and the scale copy, whatever its dtype")]
+        for s in new:
+            if s.dtype in INTEGER_NAMES:  # the int4 repack is K*N/2 bytes; K*N is a code a byte, however labelled
+                broken.append(over_limit(point, "unpacked-int8", s.nbytes, self.byte_codes - 1,
+                                         f"a full unpacked code tensor ({s.dtype} {s.shape})"))
+            if s.dtype in HALF_FLOAT_NAMES:
+                broken.append(over_limit(point, "unpacked-dense", s.nbytes, self.half_floats - 1,
+                                         f"a full dequantized weight ({s.dtype} {s.shape})"))
+        return [rule for rule in broken if rule is not None]
+
+
+def residency(case: Case) -> Allowance:
+    """The residency allowance of ``case`` (the manifest declares the residency stage)."""
+    return Allowance.for_case(case.m, case.k, case.n)

@@ -6,25 +6,49 @@ import sys
 import pytest
 import torch
 
-from evals.residency import MIB, Allowance, live_storages
+from evals.residency import MIB, Checkpoint, Storage, live_storages
+from evals.task import load
 from tests.conftest import ROOT
 
 CASE = ("balanced", 19, 512, 256, "silu", 3)
+w4 = load("w4a16").adapter
 
 
-def guard(solution, panel, tmp_path, calls=8):
+def guard(solution, panel, tmp_path, calls=8, task=None):
     out = tmp_path / "residency.json"
     run = subprocess.run([sys.executable, "-m", "evals.residency", "--solution", str(solution), "--panel", str(panel),
-                          "--calls", str(calls), "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=600)
+                          "--calls", str(calls), "--json", str(out)] + (["--task", str(task)] if task else []),
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
     return run, (json.loads(out.read_text()) if out.exists() else None)
 
 
 def test_allowance_follows_the_spec_formula():
-    a = Allowance.for_case(24, 8192, 28672)
+    a = w4.residency(w4.Case("balanced", 24, 8192, 28672, "silu", 1))
     assert a.total == 8192 * 28672 // 2 + 64 * 28672 * 2 + max(8 * MIB, 4 * 24 * 8192 + 8 * 24 * 28672)
     assert a.floating == 2 * 24 * 8192 + 4 * 24 * 28672 + MIB
     assert (a.byte_codes, a.half_floats) == (8192 * 28672, 2 * 8192 * 28672)
+
+
+def test_the_w4a16_audit_exempts_one_scale_copy_and_one_repack_and_records_its_figures():
+    """The task's allowance keeps its rules: one (K/128, N) fp16 scale copy is no floating storage, the largest
+    integer storage of at most K*N/2 bytes no workspace; a checkpoint's record keeps the report's fields."""
+    a = w4.residency(w4.Case("balanced", 24, 8192, 28672, "silu", 1))
+    new = [Storage(64 * 28672 * 2, "float16", (64, 28672)), Storage(8192 * 28672 // 2, "int32", (1024, 28672)),
+           Storage(4096, "float32", (1024,))]
+    point = Checkpoint("build", sum(s.nbytes for s in new) + 512, {}, 512, [])
+    point.figures = a.account(point, new)
+    assert point.figures == {"floating_bytes": 4096 + 512, "workspace_bytes": 4096 + 512,
+                             "scale_copy_exempt": [64, 28672]}
+    assert a.audit(point, new) == []
+    record = point.to_dict()
+    assert list(record) == ["name", "total_bytes", "floating_bytes", "workspace_bytes", "scale_copy_exempt",
+                            "by_dtype", "unattributed_bytes", "largest", "violations"]
+    assert point.quoted(a) == {"floating_bytes": 4096 + 512}
+    big = new + [Storage(a.floating, "int16", (a.floating // 2,))]  # a second integer buffer is workspace
+    point.figures = a.account(point, big)
+    fired = {v["rule"]: v for v in a.audit(point, big)}
+    assert set(fired) == {"workspace"} and fired["workspace"]["over"] == 4096 + 512
+    assert fired["workspace"]["message"].endswith("over) after build")
 
 
 @pytest.mark.parametrize("solution", ["v0", "honest_torch"])

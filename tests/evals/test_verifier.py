@@ -15,10 +15,21 @@ import torch
 
 from evals import gate_spies, gates, verifier
 from evals import kernel_harness as kh
+from evals.task import load
 from tests.conftest import ROOT
 
+TASK = load("w4a16")
+w4 = TASK.adapter
 TINY = ("balanced", 18, 256, 256, "silu", 5)
-ROLE_GATES_RUN_ON_CPU = set(gates.ROLE_GATES) - set(gates.TIMING_GATES) - set(gates.CUDA_ONLY)
+ROLE_GATES = gates.role_gates(TASK)
+ROLE_GATES_RUN_ON_CPU = set(ROLE_GATES) - set(gates.TIMING_GATES) - set(gates.CUDA_ONLY)
+
+
+def test_the_w4a16_role_gates_are_the_ones_of_record():
+    """The task's regimes name its numerics gates; W4A16's records list the same gates, in the same order, as ever."""
+    assert ROLE_GATES == ("api", "output_structure", "numerics_normal", "numerics_adversarial", "input_immutability",
+                          "fresh_outputs", "no_output_caching", "no_tampering", "streams", "isolation", "residency",
+                          "schedule_outputs", "timing_sanity")
 
 
 def verify(*args, env=None):
@@ -33,7 +44,8 @@ def test_gates_only_on_the_smoke_panel_names_every_gate_with_evidence(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     report = json.loads(out.read_text())
     assert report["valid"] and report["mode"] == "gates-only" and len(report["cases"]) == 4
-    assert [c["case"]["name"] for c in report["cases"]] == [c.name for c in kh.load_panel("smoke")]
+    assert report["task"] == "w4a16"
+    assert [c["case"]["name"] for c in report["cases"]] == [c.name for c in TASK.cases("smoke")]
     assert all(c["roles"]["candidate"]["case"]["name"] == c["case"]["name"] for c in report["cases"])
     for case in report["cases"]:
         for name in ROLE_GATES_RUN_ON_CPU | {"policy", "coverage"}:
@@ -75,7 +87,7 @@ def test_a_run_reports_each_judged_case_before_it_ends(panel_file):
     on the H200 was by its call's time limit, still leaves the cases it judged."""
     panel = panel_file(TINY, ("expert-batch", 20, 512, 256, "gelu_tanh", 6), ("balanced", 3, 256, 512, "silu", 7))
     seen = []
-    report = verifier.judge(ROOT / "methods" / "versions" / "v0", str(panel), verifier.V0_DIR, True, "smoke",
+    report = verifier.judge(TASK, ROOT / "methods" / "versions" / "v0", str(panel), TASK.baseline_dir, True, "smoke",
                             log=lambda line: None, jobs=2, progress=lambda partial: seen.append(partial))
     assert [len(p["cases"]) for p in seen] == [1, 2]
     assert all(p["partial"] and not p["valid"] and p["mode"] == "gates-only" for p in seen)
@@ -212,14 +224,14 @@ def _state(pid: str) -> str:
 
 
 def role(times, median=None):
-    return {"gates": {name: {"status": "pass", "evidence": ["ok"]} for name in gates.ROLE_GATES},
+    return {"gates": {name: {"status": "pass", "evidence": ["ok"]} for name in ROLE_GATES},
             "times_us": times, "median_us": median or sorted(times)[len(times) // 2]}
 
 
 def judged(stratum, before, candidate, after):
-    case = kh.Case(stratum, 20, 8192, 4096 if stratum == "balanced" else 1024, "silu", 1)
+    case = w4.Case(stratum, 20, 8192, 4096 if stratum == "balanced" else 1024, "silu", 1)
     roles = {"baseline_before": role(before), "candidate": role(candidate), "baseline_after": role(after)}
-    return verifier.judge_case(case, roles, {"status": "pass", "evidence": ["clean"]}, gates_only=False)
+    return verifier.judge_case(TASK, case, roles, {"status": "pass", "evidence": ["clean"]}, gates_only=False)
 
 
 def test_scores_are_geomeans_per_stratum_and_a_harmonic_mean_across():
@@ -253,10 +265,10 @@ def test_one_stalled_group_fails_the_case_without_retry_or_trimming():
     (8.0, 30.0, "device-bound: GPU 30.0 us per call is 3.75x the host cost 8.0 us: not host-bound")])
 def test_a_dispersion_failure_says_whether_the_candidate_is_host_bound(host, gpu, says):
     """The verdict stays a failure; the evidence adds the candidate's host cost and GPU time and what they mean."""
-    case = kh.Case("expert-batch", 20, 8192, 1024, "silu", 1)
+    case = w4.Case("expert-batch", 20, 8192, 1024, "silu", 1)
     candidate = role([20.0] * 10 + [26.0]) | {"host_us": host, "gpu_us": gpu}
     roles = {"baseline_before": role([40.0] * 11), "candidate": candidate, "baseline_after": role([40.0] * 11)}
-    found = verifier.judge_case(case, roles, {"status": "pass", "evidence": ["clean"]}, gates_only=False)
+    found = verifier.judge_case(TASK, case, roles, {"status": "pass", "evidence": ["clean"]}, gates_only=False)
     assert found["failed"] == ["dispersion"] and found["score"] is None
     line = found["gates"]["dispersion"]["evidence"][-1]
     assert line.startswith(f"candidate: host {host:.2f} us per call, GPU {gpu:.2f} us per call; ") and says in line
@@ -295,7 +307,7 @@ for shape in [(18, 256), (24, 384), (32, 512), (256, 512)]:
         out = torch.empty(shape, dtype=torch.float16)
         assert gate_spies.malloc_fill(False)
     else:
-        with gate_spies.poisoned_allocations(shape, torch.device("cpu")):
+        with gate_spies.poisoned_allocations(shape, torch.float16, torch.device("cpu")):
             out = torch.empty(shape, dtype=torch.float16)
     print(shape[0], shape[1], float((out.view(torch.int16) == gate_spies.POISON_BITS).double().mean()))
 after = torch.empty(4 << 20, dtype=torch.float16)  # 8 MB, mostly new heap pages: filled only if the fill stayed on
@@ -330,13 +342,13 @@ def test_a_case_the_verifier_cannot_set_up_is_its_own_failure_not_the_candidates
     def unreachable(case, device):
         raise RuntimeError(f"adversarial construction for {case.name} left fp16 range; pick another seed")
 
-    monkeypatch.setattr(kh, "_generate_adversarial", unreachable)
+    monkeypatch.setattr(w4, "_generate_adversarial", unreachable)
     monkeypatch.setattr(kh, "select_device", lambda: kh.DeviceInfo(torch.device("cpu"), False, "cpu", "cpu"))
-    case = kh.Case(*TINY)
-    record = gates.run_role(ROOT / "methods" / "versions" / "v0", case, gates.SCHEDULES["smoke"], timing=False)
+    case = w4.Case(*TINY)
+    record = gates.run_role(TASK, ROOT / "methods" / "versions" / "v0", case, gates.SCHEDULES["smoke"], timing=False)
     assert record["error"]["stage"] == gates.SETUP_STAGE
     policy = {"status": "pass", "evidence": ["clean"]}
-    judged = verifier.judge_case(case, {"candidate": record}, policy, gates_only=True)
+    judged = verifier.judge_case(TASK, case, {"candidate": record}, policy, gates_only=True)
     assert judged["failed"] == ["case_setup"]
     evidence = judged["gates"]["case_setup"]["evidence"][0]
     assert "not a failure of the candidate" in evidence and "left fp16 range" in evidence
@@ -355,14 +367,17 @@ TIMED_INPUTS_PROBE = """
 import json, sys
 from pathlib import Path
 import torch
-from evals import gates, kernel_harness as kh
+from evals import gates
 from evals.gate_spies import GateBook
+from evals.task import load
 
-case = kh.Case("balanced", 18, 256, 256, "silu", 5)
+task = load("w4a16")
+case = task.adapter.Case("balanced", 18, 256, 256, "silu", 5)
 schedule = gates.Schedule(0, 0, 0, 8, 0, 3, 8, 8)
 report = {}
 for name, mutate in (("clean", False), ("mutating", True)):
-    role = gates.Role(Path(sys.argv[1]), case, schedule, True, torch.device("cpu"), GateBook(gates.ROLE_GATES), {})
+    role = gates.Role(task, Path(sys.argv[1]), case, schedule, True, torch.device("cpu"),
+                      GateBook(gates.role_gates(task)), {})
     role.setup()
     seen = []
 
@@ -370,8 +385,7 @@ for name, mutate in (("clean", False), ("mutating", True)):
         seen.append([x.data_ptr(), x._version, residual.data_ptr(), residual._version, float(x.double().sum())])
         if mutate and len(seen) == 3:
             residual.add_(1.0)
-        w = role.weights
-        return kh.reference(x, w.qweight, w.scales, w.bias, residual, case.epilogue).out.half()
+        return task.adapter.reference(role.weights, (x, residual), case).out.half()
 
     role.fn = fn
     role.timing_pass()
@@ -407,24 +421,41 @@ def test_make_panel_draws_sealed_cases_outside_the_repository(tmp_path):
     run = verify("make-panel", "--seed", 17, env=env)
     assert run.returncode == 0, run.stderr
     path = tmp_path / ".kloop" / "panels" / "sealed-17.json"
-    cases = kh.load_panel(path)
-    visible = kh.load_panel("visible")
+    cases = TASK.cases(path)
+    visible = TASK.cases("visible")
     assert not {(c.m, c.k, c.n, c.epilogue) for c in cases} & {(c.m, c.k, c.n, c.epilogue) for c in visible}
     assert not {c.seed for c in cases} & {c.seed for c in visible}
     for stratum in ("balanced", "expert-batch"):
         drawn = [c for c in cases if c.stratum == stratum]
-        assert len(drawn) == verifier.PER_STRATUM and {c.epilogue for c in drawn} == set(kh.EPILOGUES)
+        assert len(drawn) == verifier.PER_STRATUM and {c.epilogue for c in drawn} == set(w4.EPILOGUES)
         assert all((c.n >= 4096) if stratum == "balanced" else (c.n <= 2048) for c in drawn)
     assert all(18 <= c.m <= 32 and 8192 <= c.k <= 28672 and c.k % 128 == 0 for c in cases)
     assert all(c.n % 256 == 0 and c.n <= 28672 for c in cases)
     assert json.loads(path.read_text()) == verifier.make_panel(17)  # reproducible from the seed alone
+    assert verifier.make_panel(17) == verifier.make_panel(17, task=TASK)  # the default task is w4a16
     assert verifier.make_panel(18) != verifier.make_panel(17)
 
 
-@pytest.mark.parametrize("inside", ["methods/sealed.json", "workspace/panels/sealed.json"])
+# sealed-17.json as the verifier's own make_panel drew it before the task seam: the task's generator draws the same
+SEALED_17_BEFORE_THE_TASK_SEAM = "tests/evals/data/sealed-17-w4a16.json"
+
+
+def test_make_panel_draws_what_the_verifier_drew_before_the_task_seam():
+    expected = json.loads((ROOT / SEALED_17_BEFORE_THE_TASK_SEAM).read_text())
+    assert verifier.make_panel(17) == expected
+
+
+@pytest.mark.parametrize("inside", ["methods/sealed.json", "workspace/panels/sealed.json", "tasks/w4a16/sealed.json",
+                                    "tasks/sealed.json"])
 def test_make_panel_refuses_the_agents_directories(inside):
     run = verify("make-panel", "--seed", 3, "--out", ROOT / inside)
     assert run.returncode == 2 and "refusing" in run.stderr and not (ROOT / inside).exists()
+
+
+def test_make_panel_refuses_fewer_cases_than_the_task_needs(tmp_path):
+    run = verify("make-panel", "--seed", 3, "--per-stratum", 1, "--out", tmp_path / "p.json")
+    assert run.returncode == 2 and "--per-stratum must be at least 2 (both epilogues in each stratum)" in run.stderr
+    assert not (tmp_path / "p.json").exists()
 
 
 def test_bad_paths_are_usage_errors(tmp_path):
@@ -444,7 +475,7 @@ def test_v0_against_itself_scores_one_under_the_full_schedule(tmp_path, panel_fi
     us): where v0's GPU time is near its host cost (18x8192x8192, 57 us) a role's median follows the host's speed in
     that role's process, which drifts between processes on a noisy host, and the score would measure the host."""
     device_bound = {"32x28672x8192-silu", "24x16384x1536-silu"}
-    cases = [c for c in kh.load_panel("visible") if c.name in device_bound]
+    cases = [c for c in TASK.cases("visible") if c.name in device_bound]
     assert {c.stratum for c in cases} == {"balanced", "expert-batch"}, "the visible panel changed: pick new cases"
     panel = panel_file(*(dataclasses.astuple(c) for c in cases))
     out = tmp_path / "v0-vs-v0.json"
