@@ -122,7 +122,8 @@ TORCH_HOOKS = frozenset(("__torch_function__", "__torch_dispatch__"))
 
 DENIED_STRINGS = frozenset(MODULE_RULES) | frozenset(ATTR_RULES) | frozenset(BUILTIN_RULES)
 EVALUATOR_MARKERS = re.compile(r"(?<![a-z])evals(?![a-z])|kernel_harness|selfcheck|verifier|residency|visible_cases"
-                               r"|smoke_cases|problems/|\.json|experiment_log|/proc|/dev/")
+                               r"|smoke_cases|problems/|\.json|experiment_log|/proc|/dev/"
+                               r"|(?<![a-z])tasks/|panels")  # the tasks' folders: manifests, adapters, panels
 TIMER_MARKERS = re.compile(r"%globaltimer|%clock")
 MAX_ALIAS_DEPTH = 8  # dots in a resolved name; bounds self-referential aliases such as `a = a.b`
 
