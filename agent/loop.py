@@ -189,7 +189,7 @@ class Run:
                                                                 "stable", "unstable", "keep")}
         self.state.last_verdict["version"] = entry["version"]
         self.state.history.append({"version": entry["version"], "decision": entry["decision"],
-                                   "score": verdict["score"]})
+                                   "score": verdict["score"], "valid": verdict["valid"]})
 
     def recover(self) -> None:
         """Finish what a killed session left half-done, before any new attempt: a record without its row or index line
@@ -270,7 +270,8 @@ def summary(task: Task, state: RunState) -> str:
     lines = [f"run {state.run_id} (task {task.name}): {state.status}, {state.attempts} attempt(s), "
              f"{state.wall_s:.0f} s of work, {state.tokens} tokens, ${state.cost_usd:.4f}"]
     if not state.config.get("cuda"):
-        valid = [h["version"] for h in state.history if h.get("score") is not None]
+        # a scored candidate that failed a check (--full-check) is not valid; older states record no "valid"
+        valid = [h["version"] for h in state.history if h.get("valid", h.get("score") is not None)]
         lines.append(f"no GPU: nothing is kept on Triton interpreter timings, which rank nothing; "
                      f"{len(valid)} valid candidate(s) recorded" + (f" ({', '.join(valid[:8])}"
                                                                     + (", ..." if len(valid) > 8 else "") + ")"

@@ -98,3 +98,35 @@ def test_a_candidate_that_kills_its_process_is_recorded(project: Path, panel: Pa
     assert policy["name"] == "policy" and policy["output"] == "p" * 2998 + "P\n"
     assert check["name"] == "selfcheck" and check["returncode"] == -9 and check["note"] in killed["note"]
     assert "checking 19x256x256-silu" in check["output"] and len(check["output"]) <= 3000
+
+
+def test_a_scored_candidate_that_fails_a_check_is_not_listed_as_valid(project: Path, panel: Path):
+    """With --full-check on the CPU every correct candidate gets the task's checks: one that fails its memory check has
+    a score but is not valid, and the closing summary and the report list only the valid one for measuring on a GPU.
+    The task is W4A16's with a stand-in residency check (it fails a candidate of 32-column tiles) and stand-in gates."""
+    residency = ("import json, sys; from pathlib import Path; args = sys.argv[1:]; "
+                 "source = (Path(args[args.index('--solution') + 1]) / 'solution.py').read_text(); "
+                 "bad = '\"BLOCK_SIZE_N\": 32' in source; "
+                 "case = {'case': {'name': 'c1'}, 'ok': not bad, 'checks': {'alive': {'ok': not bad, 'message': "
+                 "'3 buffers kept'}}}; json.dump({'ok': not bad, 'cases': [case]}, "
+                 "open(args[args.index('--json') + 1], 'w')); sys.exit(1 if bad else 0)")
+    gates = "import json, sys; json.dump({'ok': True}, open(sys.argv[sys.argv.index('--json') + 1], 'w'))"
+    add_task(project, "checked",
+             commands=manifest(project)["commands"] | {"residency": ["-c", residency], "gates": ["-c", gates]})
+    main = (project / "tasks" / "checked" / "main" / "solution.py").read_text()
+    wide, narrow = (main.replace('"BLOCK_SIZE_N": 64', f'"BLOCK_SIZE_N": {n}') for n in (128, 32))
+    calls = script(project.parent / "script.json", ("wide", wide), ("narrow", narrow), main="tasks/checked/main")
+    done = run_agent(project, "run", "--iters", "2", "--backend", "scripted", "--script", str(calls), "--panel",
+                     str(panel), "--task", "checked", "--full-check")
+    verdicts = {e["summary"]: e["verdict"] for e in index(project, "checked")}
+    assert verdicts["wide"]["valid"] and verdicts["wide"]["residency"] == "ok" and not verdicts["wide"]["keep"]
+    narrow = verdicts["narrow"]
+    assert narrow["score"] is not None and narrow["failed_stage"] == "residency" and not narrow["valid"]
+    assert narrow["residency"] == "FAIL" and "residency: c1: alive: 3 buffers kept" in narrow["note"]
+    wide_row, narrow_row = ledger_rows(project, "checked")
+    assert "| revert (no GPU: nothing is kept on interpreter timings" in wide_row and "| ok |" in wide_row
+    assert "| revert: residency: c1: alive: 3 buffers kept |" in narrow_row and "| FAIL |" in narrow_row
+    assert "1 valid candidate(s) recorded (v1). Measure them on a GPU" in done.stdout, done.stdout
+    (state,) = runs(project)
+    report = (project / "reports" / state["run_id"] / "report.md").read_text()
+    assert "1 valid candidate(s) (v1) can be measured on a GPU machine" in report
