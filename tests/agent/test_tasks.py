@@ -115,6 +115,17 @@ def test_resume_refuses_a_task_other_than_the_runs_own(two_tasks):
     project, _, _, other, _ = two_tasks
     refused(agent(project, "run", "--resume", other, "--task", "w4a16"),
             f"run {other} is a run of task other, not w4a16; leave --task out to resume it")
+    # a run an older kloop started with a task file (JSON of field overrides) is not resumed as some other task
+    state = project / "workspace" / ".runs" / other / "state.json"
+    saved = state.read_text()
+    data = json.loads(saved)
+    data["config"] |= {"task_file": "/old/task.json"}
+    state.write_text(json.dumps(data))
+    try:
+        refused(agent(project, "run", "--resume", other),
+                f"run {other} was started with a task file (/old/task.json) of an older kloop; start a new run")
+    finally:
+        state.write_text(saved)
 
 
 def test_promote_refuses_a_version_another_task_recorded(two_tasks):
