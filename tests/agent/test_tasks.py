@@ -183,3 +183,24 @@ def test_an_unknown_task_or_one_sharing_anothers_records_is_refused_before_anyth
             "and ledger" in done.stderr, done.stderr
     assert "belong to task w4a16; give task copycat its own" in agent(project, "status", "--task", "copycat").stderr
     assert not runs(project) and not index(project) and len(ledger_rows(project)) == 1
+
+
+def test_a_hand_written_candidate_is_submitted_to_the_named_task(project: Path, panel: Path, tmp_path: Path):
+    add_task(project, "other")
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    source = (project / "tasks" / "other" / "main" / "solution.py").read_text()
+    (draft / "solution.py").write_text(source.replace('"BLOCK_SIZE_N": 64', '"BLOCK_SIZE_N": 32'))
+    (draft / "helper.py").write_text("X = 1\n")
+    done = run_agent(project, "submit", str(draft), "--summary", "narrower tiles by hand", "--panel", str(panel),
+                     "--task", "other")
+    assert "(task other)" in done.stdout
+    (row,) = ledger_rows(project, "other")
+    assert row.startswith("| v1 | ") and "| hand | v0 | narrower tiles by hand |" in row
+    (entry,) = index(project, "other")
+    assert entry["task"] == "other" and entry["version"] == "v1"
+    snapshot = project / "tasks" / "other" / "versions" / "v1"
+    assert {p.name: p.read_text() for p in snapshot.glob("*.py")} == {
+        p.name: p.read_text() for p in draft.glob("*.py")}
+    assert not index(project) and len(ledger_rows(project)) == 1, "W4A16's records stay as they were"
+    assert (project / "tasks" / "other" / "main" / "solution.py").read_text() == source, "main changes only by promote"
