@@ -244,21 +244,20 @@ def decision(verdict: dict) -> str:
     verdict.json). Without a GPU nothing is kept on timing: interpreter wall times cannot rank kernels, and the cell
     says so. A valid candidate the verifier could not time (its ``stable`` cell "no ...", GPU only) reads "revert
     (unstable: CASE WHY; 1.420x best)"."""
-    timing = "" if verdict.get("gpu_timing") else "interpreter timing: "
+    speedup, noise = verdict.get("speedup_over_best"), verdict.get("noise")
     if verdict["valid"] and not verdict.get("gpu_timing"):
-        return (f"revert (no GPU: nothing is kept on interpreter timings, which rank nothing; "
-                f"{fmt(verdict['speedup_over_best'])}x best, noise {fmt(verdict['noise'])})")
+        measured = f"; {fmt(speedup)}x best, noise {fmt(noise)}" if speedup is not None else ""
+        return f"revert (no GPU: nothing is kept on interpreter timings, which rank nothing{measured})"
     if verdict["keep"]:
-        return f"keep ({timing}{verdict['speedup_over_best']:.3f}x best, noise {verdict['noise']:.3f})"
+        return f"keep ({speedup:.3f}x best, noise {noise:.3f})"
+    estimated = verdict.get("compare_note", "").startswith("estimated")
     if verdict["valid"] and str(verdict.get("stable", "")).startswith("no"):
         why = ", ".join(f"{u['case']} {u['why']}" for u in verdict.get("unstable") or []) or verdict["stability_note"]
-        estimated = "~" if verdict.get("compare_note", "").startswith("estimated") else ""
-        return f"revert (unstable: {why}; {estimated}{fmt(verdict['speedup_over_best'])}x best)"
-    if verdict["valid"] and verdict.get("compare_note", "").startswith("estimated"):
-        return (f"revert ({timing}~{verdict['speedup_over_best']:.3f}x best from both scores against v0, "
-                "not timed against it)")
+        return f"revert (unstable: {why}; {'~' if estimated else ''}{fmt(speedup)}x best)"
+    if verdict["valid"] and estimated:
+        return f"revert (~{speedup:.3f}x best from both scores against the baseline, not timed against it)"
     if verdict["valid"]:
-        return f"revert ({timing}{fmt(verdict['speedup_over_best'])}x best, noise {fmt(verdict['noise'])})"
+        return f"revert ({fmt(speedup)}x best, noise {fmt(noise)})"
     failed = next((s for s in verdict["stages"] if not s["ok"]), None)
     if failed is None:
         return "revert: no score"
