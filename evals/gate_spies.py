@@ -312,14 +312,6 @@ def references(task, case, weights: dict, pool: list) -> list:
 
 
 # ----------------------------------------------------------------------------------------------------- timing
-def refill_pool(pool: list[tuple], fresh: list[tuple]) -> None:
-    """Copy ``fresh``'s call inputs into ``pool``'s tensors in place (their addresses stay, ``_version`` moves on)."""
-    for inputs, values in zip(pool, fresh):
-        for target, value in zip(inputs, values):
-            if isinstance(target, torch.Tensor):
-                target.copy_(value)
-
-
 def heat(size: int, matmuls: int, device: torch.device) -> None:
     a = torch.randn((size, size), device=device).half()
     b = torch.randn_like(a)

@@ -299,3 +299,17 @@ def test_make_panel_draws_the_tasks_strata_and_refuses_its_folders(toy, tmp_path
     inside = toy / "versions" / "sealed.json"  # the task's own versions folder, outside the repository
     done = run("evals.verifier", "make-panel", "--task", toy / "task", "--seed", 3, "--out", inside)
     assert done.returncode == 2 and "refusing" in done.stderr and not inside.exists()
+
+
+def test_the_toy_task_of_the_tests_passes_the_gates_with_its_own_regimes(tmp_path):
+    """tests/toy_task (a callable baseline from torch, its own regimes, no residency stage) through the gates."""
+    task = load(ROOT / "tests" / "toy_task")
+    out = tmp_path / "gates.json"
+    done = run("evals.verifier", "--task", "tests/toy_task", "--solution", task.main_dir, "--panel", "smoke",
+               "--gates-only", "--json", out)
+    report = json.loads(out.read_text())
+    assert done.returncode == 0 and report["valid"], done.stdout + done.stderr
+    regimes = {f"numerics_{mode}" for mode in task.adapter.MODES}
+    for case in report["cases"]:
+        assert all(case["gates"][name]["status"] == "pass" for name in regimes)
+        assert case["gates"]["residency"]["status"] == "skip"
