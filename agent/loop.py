@@ -239,6 +239,10 @@ def metric_cells(task: Task, verdict: dict, unchecked: str) -> dict[str, str]:
     return cells
 
 
+NOT_JUDGED = "revert (no GPU: nothing is kept on interpreter timings, which rank nothing"
+"""How a row begins that reverted a valid candidate only because there was no GPU: no judgement of the candidate."""
+
+
 def decision(verdict: dict) -> str:
     """The ledger's decision cell: keep or revert and why, the reason in full (each stage's output tail is in
     verdict.json). Without a GPU nothing is kept on timing: interpreter wall times cannot rank kernels, and the cell
@@ -247,7 +251,7 @@ def decision(verdict: dict) -> str:
     speedup, noise = verdict.get("speedup_over_best"), verdict.get("noise")
     if verdict["valid"] and not verdict.get("gpu_timing"):
         measured = f"; {fmt(speedup)}x best, noise {fmt(noise)}" if speedup is not None else ""
-        return f"revert (no GPU: nothing is kept on interpreter timings, which rank nothing{measured})"
+        return f"{NOT_JUDGED}{measured})"
     if verdict["keep"]:
         return f"keep ({speedup:.3f}x best, noise {noise:.3f})"
     estimated = verdict.get("compare_note", "").startswith("estimated")

@@ -1,8 +1,9 @@
 """Promotion by hand: `.venv/bin/python -m agent promote [--task T] vN [--verify] [--force]` (make promote [TASK=T]
 V=N [VERIFY=1]): vN of the task's own versions into the task's main.
 
-Says what vN's own ledger row decided and where its numbers came from, and asks for --force when they are Triton
-interpreter timings (CPU), which say nothing about speed on a GPU. Re-runs the selfcheck and every check the task
+Says what vN's own ledger row decided and where its numbers came from, and asks for --force when the loop reverted
+it (on a GPU: slower, unstable or failed) or when its numbers are Triton interpreter timings (CPU), which say nothing
+about speed on a GPU. Re-runs the selfcheck and every check the task
 declares on vN (on a GPU also the qualification under the verifier's schedule; a vN that is not stable is
 said and its row's stable cell records it), and with --verify (a GPU) the full verifier on the panel too, the timing
 gates included; refuses with the reason when any fails (unless --force, which the ledger records), copies vN's files
@@ -21,7 +22,7 @@ from agent import ledger
 from agent.config import Task
 from agent.evaluate import Evaluator, baseline_noise_only
 from agent.ledger import fmt
-from agent.loop import make_hint, row_values
+from agent.loop import NOT_JUDGED, make_hint, row_values
 from agent.workspace import default_panel, replace_solution
 
 
@@ -58,7 +59,14 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
         return 2
     origin = {True: "GPU timings", False: "Triton interpreter timings (CPU), not GPU timings",
               None: "of unrecorded origin"}[gpu_timing]
-    log(f"{version}'s own row: {decision or 'none in ' + task.ledger}; its numbers are {origin}")
+    log(f"task {task.name}, {version} ({task.versions_dir}/{version}): its own row: "
+        f"{decision or 'none in ' + task.ledger}; its numbers are {origin}")
+    # a row reverted for want of a GPU judged nothing: a promotion on a GPU measures it first
+    if decision and decision.startswith("revert") and not decision.startswith(NOT_JUDGED) and not force:
+        log(f"promote: refused: the loop reverted {version} of task {task.name} (its row above says why); pass "
+            "--force (FORCE=1) to promote it all the same, which the ledger records, or name another task's version "
+            "with its TASK=; nothing promoted")
+        return 1
     # on a GPU the checks below measure it there; on CPU nothing would, so only --force promotes it
     interpreter_only = gpu_timing is False and not cuda
     if interpreter_only and not force:

@@ -227,6 +227,18 @@ def test_promoting_a_reverted_version_on_interpreter_numbers_needs_force(project
     assert written(project) == before, "a refused promotion changed methods/"
 
 
+def test_promoting_a_version_the_loop_reverted_on_gpu_numbers_needs_force(project: Path, panel: Path):
+    """The mistake of typing another task's version number without its TASK=: the default task's vN of that number
+    is one its loop reverted, and promote says so and stops unless forced."""
+    record_by_hand(project, "v1", "1.100", "revert (1.010x best, noise 0.020)", "visible", gpu_timing=True)
+    before = written(project)
+    done = agent(project, "promote", "v1", "--panel", str(panel))
+    assert done.returncode == 1, f"exit {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    assert done.stdout.startswith("task w4a16, v1 (methods/versions/v1): its own row: revert (1.010x best")
+    assert "the loop reverted v1 of task w4a16" in done.stdout and "FORCE=1" in done.stdout
+    assert "TASK=" in done.stdout and written(project) == before
+
+
 @pytest.fixture(scope="module")
 def interrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, subprocess.Popen, str]:
     """A run whose output goes through a pipe whose reader is gone (tee killed by Ctrl-C) when Ctrl-C comes, while

@@ -97,7 +97,7 @@ def test_promote_checks_copies_records_and_leaves_versions_alone(project: Path, 
     interpreted = not torch.cuda.is_available()
     done = run_agent(project, "promote", "v1", "--panel", str(panel), *(["--force"] if interpreted else []),
                      timeout=400)
-    assert "promoted v1" in done.stdout and "v1's own row: " in done.stdout
+    assert "promoted v1" in done.stdout and "task w4a16, v1 (methods/versions/v1): its own row: " in done.stdout
     assert main.read_text() == (versions / "v1" / "solution.py").read_text()
     row = promotion_rows(project)[-1]
     decision = "| promoted (forced) |" if interpreted else "| promoted |"
