@@ -17,7 +17,7 @@ from pathlib import Path
 
 from agent.config import Task
 from agent.runner import clip, python_command, python_env, run_command
-from agent.stability import LIMIT, qualification_failed, shared_cases, stability_block, unstable_cases
+from agent.stability import limit_of, qualification_failed, shared_cases, stability_block, unstable_cases
 
 SURELY_SLOWER = 0.05
 """How far below the best's score against the baseline a candidate's may be before it is not timed against the
@@ -86,7 +86,7 @@ def baseline_noise_only(report: dict) -> bool:
         roles = case.get("roles") or {}
         groups = {name: timed(roles.get(name)) for name in ("baseline_before", "candidate", "baseline_after")}
         if (set(case["failed"]) - BASELINE_TIMING_GATES or not all(groups.values())
-                or max(groups["candidate"]) / min(groups["candidate"]) > LIMIT):
+                or max(groups["candidate"]) / min(groups["candidate"]) > limit_of(report)):
             return False
     return True
 

@@ -10,7 +10,15 @@ Pure functions of those JSON reports (agent/ never imports evals/), so the rule 
 """
 from __future__ import annotations
 
-LIMIT = 1.15  # the verifier's max/min limit, as a qualification report that does not give its own "limit" uses
+LEGACY_LIMIT = 1.15
+"""The verifier's max/min limit as reports written before they carried their own ("limit") were judged by; every
+report the evaluator writes now says it (evals/stability.py's DISPERSION_LIMIT is the one source)."""
+
+
+def limit_of(report: dict | None) -> float:
+    """The max/min limit a report judged by: its own "limit" (a selfcheck's under "stability"), else LEGACY_LIMIT."""
+    report = report or {}
+    return report.get("limit") or (report.get("stability") or {}).get("limit") or LEGACY_LIMIT
 # A flagged case whose GPU time per call is at least (1 - this) x the best's there does not block a keep: the
 # probe's run-to-run spread of one plan's GPU time. The host cost is not compared: one plan's drifts between processes
 # (main's on 18x8192x8192: 10.1 and 17.5 us in two verifier runs on one H200), so the candidate's own host work is
@@ -75,7 +83,7 @@ def shared_cases(selfcheck: dict | None, reference: dict | None) -> list[dict]:
 
 def _over_limit(qualify: dict | None) -> list[dict]:
     """The qualification's cases with a vector over the limit, each with its worst vector's schedule."""
-    limit = (qualify or {}).get("limit") or LIMIT
+    limit = limit_of(qualify)
     found = []
     for row in (qualify or {}).get("rows") or []:
         vectors = [v for v in row.get("vectors") or [] if isinstance(v.get("max_min"), (int, float))]
@@ -124,7 +132,8 @@ def stability_block(selfcheck: dict | None, qualify: dict | None,
         named = host_bound[0]["case"] if len(host_bound) == 1 else f"{len(host_bound)} cases"
         why = "; ".join(f"{u['case']}: {u['note']}" for u in host_bound) or stability.get("note") or "no case named"
         return (False, f"no (host-bound: {named})" if host_bound else "no (host-bound)",
-                f"host-bound on the GPU, which the verifier's max/min {LIMIT} gate fails on a noisy host: {why}")
+                f"host-bound on the GPU, which the verifier's max/min {limit_of(selfcheck)} gate fails on a noisy "
+                f"host: {why}")
     if qualify is not None:
         if not qualify.get("measured"):
             return False, "-", "not qualified: " + (qualify.get("note") or "the qualification measured nothing")
@@ -134,7 +143,7 @@ def stability_block(selfcheck: dict | None, qualify: dict | None,
             where = f"{worst.get('case', '?')} {worst.get('schedule', '?')}"
             return (False, f"no ({where} max/min {spread})",
                     f"unstable under the verifier's schedule: {where} max/min {spread} > "
-                    f"{qualify.get('limit') or LIMIT:.2f}")
+                    f"{limit_of(qualify):.2f}")
         if not qualify.get("passed"):
             errors = list(qualify.get("failures") or []) + [e for r in qualify.get("rows") or []
                                                             for e in r.get("errors") or []]

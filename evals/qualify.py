@@ -24,7 +24,7 @@ controlled points.
 ``--curve`` reads qualification JSONs and prints the worst max/min by GPU/host ratio, and the calibrated threshold:
 the smallest ratio at and above which every vector stayed within 1.10 (a margin under the gate). evals/stability.py's
 STABLE_RATIO comes from that. Exit status: 0 when every vector is within the verifier's dispersion limit (1.15,
-evals/verifier.py's DISPERSION_LIMIT), 1 when one is not, 2 on bad usage.
+evals/stability.py's DISPERSION_LIMIT), 1 when one is not, 2 on bad usage.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from pathlib import Path
 
 from evals import kernel_harness as kh
 from evals import task as tasks
-from evals.verifier import DISPERSION_LIMIT as LIMIT  # a role's max/min over it fails a verifier case
+from evals.stability import DISPERSION_LIMIT as LIMIT  # a role's max/min over it fails a verifier case
 
 ROOT = Path(__file__).resolve().parent.parent
 MARGIN = 1.10  # what calibration asks of every vector above its threshold

@@ -110,7 +110,7 @@ def stability_summary(results: list[CaseResult]) -> dict:
         note = "; ".join(f"{r.case['name']}: {r.stable_note}" for r in unstable)
     else:
         note = f"every case's GPU time is at least {stability.STABLE_RATIO:.2f}x its host cost"
-    return {"measured": bool(measured), "ratio_min": stability.STABLE_RATIO,
+    return {"measured": bool(measured), "ratio_min": stability.STABLE_RATIO, "limit": stability.DISPERSION_LIMIT,
             "stable": (not unstable) if measured else None,
             "unstable_cases": [r.case["name"] for r in unstable], "note": note}
 

@@ -1,11 +1,11 @@
 """Whether a callable's timing is measurable: its host cost per call against its GPU time per call.
 
-The verifier fails a case when one role's 11 group times spread over its DISPERSION_LIMIT, 1.15 (max/min;
-evals/verifier.py). A call whose GPU work is shorter than the host's work to issue it leaves the GPU waiting on the
-host, so each group's time is the host's, and these hosts are noisy (one pinned host loop: max/min 1.40 over 11
-groups). A call whose GPU time clears its host cost keeps the launch queue full, and the group times are the GPU's,
-which are steady. ``probe`` measures both numbers in one
-pass; ``verdict`` applies the calibrated rule: stable when GPU time >= STABLE_RATIO x host cost.
+The verifier fails a case when one role's 11 group times spread over DISPERSION_LIMIT (max/min; evals/verifier.py
+applies it, and every report that judges by it carries it as "limit"). A call whose GPU work is shorter than the
+host's work to issue it leaves the GPU waiting on the host, so each group's time is the host's, and these hosts are
+noisy (one pinned host loop: max/min 1.40 over 11 groups). A call whose GPU time clears its host cost keeps the
+launch queue full, and the group times are the GPU's, which are steady. ``probe`` measures both numbers in one pass;
+``verdict`` applies the calibrated rule: stable when GPU time >= STABLE_RATIO x host cost.
 
 STABLE_RATIO: on an H200 every timed vector of the synthetic calibration (a spin kernel of known GPU time, all three
 pinning schedules) stayed within 1.10 max/min, a margin under the gate, from a GPU/host ratio of 1.06 up
@@ -20,6 +20,8 @@ import torch
 
 from evals import kernel_harness as kh
 
+DISPERSION_LIMIT = 1.15
+"""The verifier's max/min over a role's 11 timed groups, and over its two baseline medians: over it, a case fails."""
 STABLE_RATIO = 1.3
 """GPU time per call over host cost per call at and above which the verifier's timed vectors stay within 1.10."""
 PROBE_CALLS = 128  # calls issued while the GPU is busy: well under the launch queue's depth

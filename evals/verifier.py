@@ -64,10 +64,10 @@ from evals import task as tasks
 from evals.gates import SETUP_STAGE, role_gates
 from evals.loader import resolve_solution_dir
 from evals.selfcheck import stratum_scores
+from evals.stability import DISPERSION_LIMIT
 
 ROOT = Path(__file__).resolve().parent.parent
 ROLES = ("baseline_before", "candidate", "baseline_after")
-DISPERSION_LIMIT = 1.15  # max/min of a role's group times, and of the two baseline medians (the one source of 1.15)
 ROLE_TIMEOUT_S = {"spec": 900, "spec-unpinned": 900, "spec-thread-pinned": 900, "smoke": 600}
 PANEL_HOME = Path.home() / ".kloop" / "panels"
 # the agent reads and writes these (and a task's own readable, main and versions folders): no sealed panel may live
@@ -247,7 +247,8 @@ def judge(task: tasks.Task, solution: Path, panel: str, baseline: Path | None, g
     log(f"{info.message}\npolicy: {policy['status']}"
         + ("" if policy["status"] == "pass" else "\n    " + "\n    ".join(policy["evidence"][:10])))
     log(HEADER)
-    head = {"task": task.name, "solution": str(solution), "baseline": solution_label(task, baseline),
+    head = {"task": task.name, "limit": DISPERSION_LIMIT, "solution": str(solution),
+            "baseline": solution_label(task, baseline),
             "panel": str(panel), "device": info.name, **provenance(), "mode": "gates-only" if gates_only else "full",
             "schedule": schedule}
     judged = []

@@ -365,3 +365,15 @@ def test_the_profile_the_prompt_shows_says_which_cases_are_host_bound(stable, sh
     report = gpu_report(("24x16384x1536-silu", "expert-batch", stable, 9.1))
     text = profile_text({**report, "strata": {}})
     assert text.splitlines()[1].split()[-1] == shown and ("host-bound (" in text) == (stable is False)
+
+
+def test_the_limit_comes_from_the_report_that_judged_by_it():
+    from agent.stability import LEGACY_LIMIT, limit_of, qualification_failed
+
+    assert limit_of({"limit": 1.2}) == 1.2  # a qualification's or the verifier's own
+    assert limit_of({"stability": {"limit": 1.1}}) == 1.1  # a selfcheck's
+    assert limit_of({}) == limit_of(None) == LEGACY_LIMIT == 1.15  # reports written before they carried it
+    over = {"measured": True, "passed": False, "limit": 1.2,
+            "rows": [{"case": "c", "vectors": [{"schedule": "spec", "max_min": 1.18}]}],
+            "worst": {"case": "c", "schedule": "spec", "max_min": 1.18}}
+    assert not qualification_failed(over)  # 1.18 is within this report's own 1.2

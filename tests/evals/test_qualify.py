@@ -129,7 +129,7 @@ def test_the_threshold_is_the_least_ratio_above_which_every_vector_held_the_marg
 def test_the_limit_is_the_verifiers():
     from evals import verifier
 
-    assert qualify.LIMIT == verifier.DISPERSION_LIMIT == 1.15
+    assert qualify.LIMIT == verifier.DISPERSION_LIMIT == stability.DISPERSION_LIMIT == 1.15
 
 
 def test_the_refill_writes_the_verifiers_group_draw_into_every_input_in_place():
