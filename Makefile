@@ -54,10 +54,10 @@ guard: ## the residency contract at its three checkpoints (tasks that declare on
 	$(PY) -m evals.residency $(T) $(S) $(P) $(if $(JSON),--json $(JSON))
 
 verify: ## the sealed judge, 3 roles per case: [TASK=] [SOLUTION=] PANEL=~/.kloop/panels/sealed-1.json [JSON=]
-	$(PY) -m evals.verifier $(T) --solution $(or $(SOLUTION),$(shell $(PY) -m evals.task main $(TASK))) $(P) $(if $(JSON),--json $(JSON))
+	$(PY) -m evals.verifier $(T) $(S) $(P) $(if $(JSON),--json $(JSON))
 
 gates: ## every hard gate but timing, fast (CPU: Triton interpreter): [TASK=] [SOLUTION=] PANEL=smoke
-	$(PY) -m evals.verifier $(T) --solution $(or $(SOLUTION),$(shell $(PY) -m evals.task main $(TASK))) $(P) --gates-only $(if $(JSON),--json $(JSON))
+	$(PY) -m evals.verifier $(T) $(S) $(P) --gates-only $(if $(JSON),--json $(JSON))
 
 sealed-panel: ## draw a sealed panel outside the repository: [TASK=] SEED=1 [FILE=path]
 	$(PY) -m evals.verifier make-panel $(T) --seed $(SEED) $(if $(FILE),--out $(FILE))

@@ -19,7 +19,12 @@ The adapter's interface (``tasks/w4a16/adapter.py`` is the full example, ``tests
     bytes_moved(case)             the fewest bytes one call moves (GB/s and fractions of copy bandwidth)
     make_panel(seed, per_stratum) -> {"note", "cases": [rows]}: a sealed panel, disjoint from the visible one
     residency(case)               (only where the manifest declares the residency stage) the allowance: an object
-                                  whose ``audit(point, new)`` returns the violations of a checkpoint
+                                  whose ``audit(point, new)`` returns the violations of a checkpoint (each made by
+                                  evals.residency.over_limit); optionally ``account(point, new)`` (the task's own
+                                  figures of a checkpoint) and ``quoted`` (the figures its evidence shows)
+    references(weights, inputs, case), outside_bound(outs, ref, case)   (optional) a batched oracle and a count of
+                                  outputs outside the bound, for the verifier's many calls; BOUND names the bound in
+                                  evidence; PER_STRATUM_MIN = (n, why): the fewest sealed cases per stratum
     baseline(weights, case)       (only for a callable baseline) the yardstick's callable for those weights
     PEERS                         (optional) {name: (builder(weights, case) -> callable, note)}: what make bench sets
                                   beside the solutions; skipped_peers() -> lines for peers it cannot run here

@@ -385,8 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         return make_panel_main(argv[1:])
     parser = argparse.ArgumentParser(prog=".venv/bin/python -m evals.verifier", description=__doc__.split("\n")[0])
     tasks.add_argument(parser)
-    parser.add_argument("--solution", required=True, help="solution directory, e.g. methods/main")
-    parser.add_argument("--panel", required=True, help="a panel JSON file (or visible, smoke)")
+    parser.add_argument("--solution", help="solution directory (default: the task's main)")
+    parser.add_argument("--panel", help="a panel JSON file, visible or smoke (default: visible on CUDA, else smoke)")
     parser.add_argument("--baseline", help="the yardstick, a solution directory (default: the task's baseline, its "
                                            "manifest's version or, where it names a callable, the adapter's)")
     parser.add_argument("--json", type=Path, help="write the full report here (after each case while it runs)")
@@ -397,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         task = tasks.load(args.task)
-        solution = resolve_solution_dir(args.solution)
+        args.panel = args.panel or kh.default_panel()
+        solution = resolve_solution_dir(args.solution or task.main_dir)
         baseline = args.baseline or task.baseline_dir  # None: the task's callable baseline
         baseline = resolve_solution_dir(baseline) if baseline is not None else None
         task.cases(args.panel)
