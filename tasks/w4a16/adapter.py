@@ -1,8 +1,8 @@
 """The W4A16 task's adapter: its tensor encoding, cases, inputs, fp32-bound oracle, bytes moved, sealed panels,
 residency allowance and the bench's peers (evals/task.py lists what an adapter provides).
 
-Encoding (SPEC.md): ``qweight`` is int32 ``(K // 8, N)``; word ``qweight[j, n]`` holds the 4-bit codes of rows
-``8j .. 8j + 7`` of column n, row ``8j + i`` in bits ``4i .. 4i + 3``. Codes are unsigned 0..15 and mean
+Encoding (tasks/w4a16/spec.md): ``qweight`` is int32 ``(K // 8, N)``; word ``qweight[j, n]`` holds the 4-bit codes
+of rows ``8j .. 8j + 7`` of column n, row ``8j + i`` in bits ``4i .. 4i + 3``. Codes are unsigned 0..15 and mean
 ``code - 8``. ``scales`` is fp16 ``(K // 128, N)`` and ``W[k, n] = (code[k, n] - 8) * scales[k // 128, n]``.
 ``out = act(x @ W + bias) + residual`` in fp16.
 
@@ -313,7 +313,7 @@ def bytes_moved(case: Case) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------- sealed panels
-# the regime sealed cases are drawn from, within each stratum's ranges (task.json): SPEC.md's scored M and K, and N
+# the regime sealed cases are drawn from, within each stratum's ranges (task.json): the spec's scored M and K, and N
 # from 512 (below it a weight is too small to time) to the largest visible N
 DRAW = {"m": (18, 32), "k": (8192, 28672), "n": (512, 28672)}
 

@@ -467,9 +467,9 @@ def test_bad_paths_are_usage_errors(tmp_path):
 
 @pytest.mark.gpu
 def test_v0_against_itself_scores_one_under_the_full_schedule(tmp_path, panel_file):
-    """SPEC.md's full schedule, 3 roles on one visible case of each stratum (the whole panel takes six minutes,
-    `make verify` runs it): every dispersion gate passes, v0 scores 1.00 +- 0.03, and the candidate role reports its
-    host cost and GPU time per call (what a dispersion failure is explained with).
+    """The spec's full schedule (tasks/w4a16/spec.md), 3 roles on one visible case of each stratum (the whole panel
+    takes six minutes, `make verify` runs it): every dispersion gate passes, v0 scores 1.00 +- 0.03, and the candidate
+    role reports its host cost and GPU time per call (what a dispersion failure is explained with).
 
     The cases are those on which v0 is most device-bound (GPU about 200 and 120 us a call against a host cost of 31-67
     us): where v0's GPU time is near its host cost (18x8192x8192, 57 us) a role's median follows the host's speed in
