@@ -16,7 +16,7 @@ from typing import Any
 from agent.config import Task
 from agent.evaluate import Evaluator
 from agent.exceptions import FormatError, Submitted
-from agent.ledger import solution_files
+from agent.ledger import fmt, solution_files
 
 SPEC_NAMES = ("spec", "spec.md")
 # An optional line naming the file (it must end in .py, so a ``` fence line is never taken for one), then the block.
@@ -255,14 +255,14 @@ def profile_text(report: dict) -> str:
     lines = [f"{'case':<26} {'stratum':<12} {'median_us':>10} {'GB/s':>8} {'%copy':>6} {'speedup':>8} "
              f"{'host_us':>8} {'gpu_us':>8} {'stable':>6}"]
     for case in report.get("cases", []):
-        def num(key: str, fmt: str, scale: float = 1.0) -> str:
+        def num(key: str, spec: str, scale: float = 1.0) -> str:
             value = case.get(key)
-            return "-" if value is None else format(value * scale, fmt)
+            return fmt(None if value is None else value * scale, spec)
         stable = {True: "yes", False: "NO"}.get(case.get("stable"), "-")
         lines.append(f"{case['case']['name']:<26} {case['case']['stratum']:<12} {num('median_us', '.2f'):>10} "
                      f"{num('gbps', '.1f'):>8} {num('roofline_fraction', '.1f', 100):>6} {num('speedup', '.3f'):>8} "
                      f"{num('host_us', '.1f'):>8} {num('gpu_us', '.1f'):>8} {stable:>6}")
-    strata = ", ".join(f"{k} {'-' if v is None else f'{v:.3f}'}" for k, v in report.get("strata", {}).items())
+    strata = ", ".join(f"{k} {fmt(v)}" for k, v in report.get("strata", {}).items())
     lines.append(f"speedup over the baseline by stratum: {strata}; copy bandwidth {report.get('copy_gbps') or '-'} "
                  "GB/s")
     unstable = [f"{c['case']['name']}: {c.get('stable_note') or 'unstable'}" for c in report.get("cases", [])

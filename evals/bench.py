@@ -224,8 +224,7 @@ def run(panel: str, solutions: list[Path] | None = None, log=print, peers: bool 
 
 
 def format_case(entry: dict) -> str:
-    def num(v, fmt=".2f"):
-        return "-" if v is None else format(v, fmt)
+    num = kh.cell
 
     c = entry["case"]
     lines = [f"{c['name']} ({c['stratum']}): roofline {entry['roofline_us']:.2f} us, "

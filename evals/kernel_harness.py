@@ -28,6 +28,11 @@ class CheckResult:
         return asdict(self)
 
 
+def cell(value, spec: str = ".2f") -> str:
+    """A number in a table (``spec``, a format spec), "-" where there is none."""
+    return "-" if value is None else format(value, spec)
+
+
 def case_dict(case) -> dict:
     """A case as a report records it: its fields and its name."""
     return asdict(case) | {"name": case.name}

@@ -322,8 +322,7 @@ def run(solution: Path, panel: str, use_ncu: bool = False, log=print, overrides:
 
 
 def format_row(p: CaseProfile) -> str:
-    def num(value, fmt):
-        return "-" if value is None else format(value, fmt)
+    num = kh.cell
 
     line = (f"{p.case['name']:<26} {num(p.median_us, '.2f'):>9} us {num(p.gbps, '.0f'):>6} GB/s "
             f"{num(p.copy_fraction and 100 * p.copy_fraction, '.1f'):>5}% copy  "
@@ -349,7 +348,7 @@ def format_ncu(ncu: dict) -> str:
         return f"not available: {ncu.get('reason')}"
 
     def num(key, fmt=".1f"):
-        return "-" if ncu.get(key) is None else format(ncu[key], fmt)
+        return kh.cell(ncu.get(key), fmt)
     shared = sum(ncu.get(key) or 0 for key in ("shared_bytes_dynamic", "shared_bytes_static"))
     stalls = ", ".join(f"{reason} {value:.2f}" for reason, value in ncu.get("stalls", [])[:4]) or "-"
     return (f"{num('duration_us', '.2f')} us; DRAM {num('dram_throughput_pct')}%, L2 {num('l2_throughput_pct')}%, "

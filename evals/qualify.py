@@ -241,8 +241,7 @@ def qualify(args_for_child: list[str], schedules: list[str], log=print, task: ta
 
 
 def format_rows(report: dict) -> str:
-    def num(value, fmt=".2f"):
-        return "-" if value is None else format(value, fmt)
+    num = kh.cell
 
     lines = [f"{'case':<26} {'overrides':<28} {'host_us':>8} {'gpu_us':>8} {'ratio':>6} {'worst':>6}  vectors"]
     for e in report["rows"]:

@@ -228,8 +228,7 @@ def format_row(r: CaseResult, modes: tuple[str, ...]) -> str:
         check = r.checks.get(mode)
         return "-" if check is None else ("ok" if check["ok"] else "FAIL")
 
-    def num(value, fmt: str) -> str:
-        return "-" if value is None else format(value, fmt)
+    num = kh.cell
 
     line = (f"{r.case['name']:<26} {r.case['stratum']:<12} " + "".join(f"{ok(mode):>7} " for mode in modes)
             + f"{num(r.median_us, '.2f'):>10} {num(r.gbps, '.1f'):>8} "
@@ -248,8 +247,8 @@ def format_row(r: CaseResult, modes: tuple[str, ...]) -> str:
 
 
 def print_summary(report: dict) -> None:
-    strata = ", ".join(f"{name} {'-' if v is None else f'{v:.3f}'}" for name, v in report["strata"].items())
-    score = "-" if report["score"] is None else f"{report['score']:.3f}"
+    strata = ", ".join(f"{name} {kh.cell(v, '.3f')}" for name, v in report["strata"].items())
+    score = kh.cell(report["score"], ".3f")
     bw = "" if report["copy_gbps"] is None else f"; copy bandwidth {report['copy_gbps']:.0f} GB/s"
     print(f"speedup over the baseline by stratum (geomean): {strata}; score (harmonic mean): {score}{bw}")
     stable = report.get("stability") or {}

@@ -192,7 +192,7 @@ def judge_case(task: tasks.Task, case, roles: dict[str, dict], policy: dict, gat
         spreads = {role: dispersion(r.get("times_us") or []) for role, r in roles.items()}
         bad = [role for role in ROLES if spreads.get(role) is None or spreads[role] > DISPERSION_LIMIT]
         gates["dispersion"] = {"status": "fail" if bad else "pass", "evidence": [
-            ", ".join(f"{role} max/min {'-' if spreads.get(role) is None else f'{spreads[role]:.3f}'}"
+            ", ".join(f"{role} max/min {kh.cell(spreads.get(role), '.3f')}"
                       for role in ROLES)
             + (f"; over {DISPERSION_LIMIT} or missing: {', '.join(bad)}" if bad else "")]
             # the groups in order show one stalled group apart from a drift (us per call)
@@ -298,8 +298,7 @@ HEADER = f"{'case':<26} {'stratum':<12} {'before_us':>10} {'cand_us':>10} {'afte
 
 
 def format_row(c: dict) -> str:
-    def num(value, fmt=".2f") -> str:
-        return "-" if value is None else format(value, fmt)
+    num = kh.cell
 
     m = c["medians_us"]
     verdict = "ok" if not c["failed"] else "FAIL " + ", ".join(c["failed"])
@@ -319,9 +318,9 @@ def print_summary(report: dict) -> None:
     failed = [name for name, status in report["gates"].items() if status == "fail"]
     print("gates: " + ("all passed" if not failed else "FAILED " + ", ".join(failed)))
     if report["mode"] == "full":
-        strata = ", ".join(f"{name} {'-' if v is None else f'{v:.3f}'}" for name, v in report["strata"].items())
+        strata = ", ".join(f"{name} {kh.cell(v, '.3f')}" for name, v in report["strata"].items())
         print(f"score by stratum (geomean): {strata}; score (harmonic mean): "
-              f"{'-' if report['score'] is None else format(report['score'], '.3f')}")
+              f"{kh.cell(report['score'], '.3f')}")
     if report["schedule"] not in ("spec", "smoke"):
         pin = gates.SCHEDULES[report["schedule"]].pin
         print(f"schedule: {report['schedule']} (pinning: {gates.PIN_MODES[pin]}): "
