@@ -105,9 +105,10 @@ def resolve_panel(panel: str | None, cuda: bool) -> tuple[str, str | None]:
 
 
 def check_panel(task: Task, panel: str, cuda: bool) -> None:
-    """The evaluator lists the panel's cases: a panel it cannot use is refused here, not recorded as an attempt."""
-    listed = run_command(python_command(task.cases_cmd, "--panel", panel), task.root, task.eval_timeout_s,
-                         python_env(task.root, cuda))
+    """The evaluator loads the task and lists the panel's cases: a task or a panel it cannot use is refused here, not
+    recorded as attempts."""
+    listed = run_command(python_command(task.cases_cmd, *task.task_arg, "--panel", panel), task.root,
+                         task.eval_timeout_s, python_env(task.root, cuda))
     if listed["returncode"] != 0:
         lines = [line.strip() for line in listed["output"].splitlines() if line.strip()]
         raise Refused(f"the evaluator cannot use panel {panel}: "
@@ -192,7 +193,7 @@ def resumed_run(args: argparse.Namespace) -> tuple[Task, RunConfig, RunState, Wo
     if not (state_dir / "state.json").is_file():
         raise Refused(f"no run {args.resume} to resume; `{PROG} status` lists the runs")
     state = RunState.load(state_dir)
-    legacy = state.config.pop("task_file", None)  # runs recorded before tasks were folders: the default task
+    legacy = state.config.pop("task_file", None)  # a run of an older kloop, whose task was a file of fields
     if legacy:
         raise Refused(f"run {args.resume} was started with a task file ({legacy}) of an older kloop; start a new run")
     task = load_task(state.config.get("task"))
@@ -401,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--model", help="model name for the openai backend (default: OPENAI_MODEL, else gpt-4o-mini)")
     run.add_argument("--panel", help="visible, smoke or a panel JSON file (default: visible on a GPU, else smoke)")
     run.add_argument("--from", dest="start_from", default="main", metavar="main|vN",
-                     help="where the candidate starts: methods/main or a version")
+                     help="where the candidate starts: the task's main or a version")
     run.add_argument("--resume", metavar="RUN_ID", help="continue a stopped or killed run (`status` lists them)")
     run.add_argument("--time-limit", type=above_zero("minutes"), metavar="MIN",
                      help="stop starting iterations after MIN minutes")
@@ -422,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     submit.add_argument("--hypothesis", help="why it should be faster")
     submit.add_argument("--panel", help="visible, smoke or a panel JSON file (default: visible on a GPU, else smoke)")
     submit.add_argument("--from", dest="start_from", default="main", metavar="main|vN",
-                        help="the parent it is compared with: methods/main or a version")
+                        help="the parent it is compared with: the task's main or a version")
     submit.add_argument("--task", metavar="NAME|DIR", help=f"the task (default {DEFAULT_TASK})")
     submit.add_argument("--full-check", action="store_true", help="the task's checks even if it is not faster")
     submit.add_argument("--plain", action="store_true", help="plain lines even on a terminal")

@@ -102,6 +102,7 @@ class Task:
         missing = [key for key in required if key not in data]
         if missing:
             raise TaskError(f"{folder / MANIFEST} lacks {missing} (README.md, 'Add your own task', lists the fields)")
+        _check_manifest(folder / MANIFEST, data)
         commands = {stage: tuple(command) for stage, command in data.get("commands", {}).items()}
         built_in = {f.name for f in dataclasses.fields(cls) if f.name.endswith("_cmd")}
         replaced = {f"{stage}_cmd": command for stage, command in commands.items() if f"{stage}_cmd" in built_in}
@@ -163,9 +164,54 @@ class Task:
         return None
 
 
+def _ranges(value: object) -> bool:
+    """{dim: [low, high or null]} with int bounds."""
+    return isinstance(value, dict) and all(
+        isinstance(bounds, list) and len(bounds) == 2 and type(bounds[0]) is int
+        and (bounds[1] is None or type(bounds[1]) is int) for bounds in value.values())
+
+
+def _check_manifest(path: Path, data: dict) -> None:
+    """The fields the loop reads, by type and by how they refer to each other; the first wrong one is a TaskError
+    that names it and what it must be."""
+    def need(ok: bool, key: str, what: str) -> None:
+        if not ok:
+            raise TaskError(f"{path}: {key} must be {what}; got {json.dumps(data.get(key))[:200]}")
+
+    for key in ("name", "spec", "main", "versions", "ledger"):
+        need(isinstance(data[key], str) and bool(data[key]), key, "a non-empty string")
+    need(isinstance(data["strata"], dict) and bool(data["strata"]) and all(map(_ranges, data["strata"].values())),
+         "strata", '{"NAME": {"DIM": [low, high or null]}, ...} (at least one stratum)')
+    need(_ranges(data.get("tier_dims", {})), "tier_dims", '{"DIM": [low, high or null], ...}')
+    baseline = data["baseline"]
+    need(isinstance(baseline, dict) and len(baseline) == 1 and set(baseline) <= {"version", "callable"}
+         and isinstance(next(iter(baseline.values())), str), "baseline", '{"version": "v0"} or {"callable": "..."}')
+    stages = data["stages"]
+    need(isinstance(stages, list) and stages[:2] == ["policy", "selfcheck"] and all(isinstance(x, str) for x in stages),
+         "stages", 'a list that starts "policy", "selfcheck"')
+    checks = [stage for stage in stages if stage not in ("policy", "selfcheck", "qualify")]
+    columns = data.get("columns", list(data["strata"]))
+    need(isinstance(columns, list) and all(c in checks or c in data["strata"] for c in columns), "columns",
+         f"a list of check stages ({', '.join(checks) or 'none'}) and strata ({', '.join(data['strata'])})")
+    tools = data.get("tools", {})
+    need(isinstance(tools, dict) and all(isinstance(t, dict) and t.get("stage") in checks
+                                         and isinstance(t.get("description"), str) for t in tools.values()),
+         "tools", '{"run_NAME": {"stage": A_CHECK_STAGE, "description": "..."}}')
+    need(isinstance(data.get("readable", []), list), "readable", "a list of folders")
+    need(isinstance(data.get("sample_cases", []), list) and all(isinstance(c, dict) and all(type(v) is int
+                                                                for v in c.values())
+                                                                for c in data.get("sample_cases", [])),
+         "sample_cases", '[{"DIM": value, ...}, ...]')
+    need(isinstance(data.get("commands", {}), dict) and all(isinstance(c, list) and c for c in
+                                                            data.get("commands", {}).values()),
+         "commands", '{"STAGE": ["-m", "evals.MODULE", ...]}')
+
+
 def _refuse_shared_records(root: Path, folder: Path, data: dict) -> None:
     """Each task has its own main, versions and ledger: a manifest that names another task's is refused, so that no
     command ever records into, or promotes from, another task's records."""
+    if folder == (root / TASKS_DIR / DEFAULT_TASK).resolve():  # the default task is never blocked by another's
+        return
     mine = {key: Path(data[key]) for key in ("main", "versions", "ledger")}
     others = (root / TASKS_DIR).glob(f"*/{MANIFEST}") if (root / TASKS_DIR).is_dir() else []
     for other in others:

@@ -175,14 +175,30 @@ def test_an_unknown_task_or_one_sharing_anothers_records_is_refused_before_anyth
     add_task(project, "other")
     refused(agent(project, "run", "--iters", "1", "--panel", str(panel), "--task", "nosuch"),
             "no task 'nosuch': give a task name (other, w4a16) or a folder holding task.json")
-    # a manifest whose ledger is W4A16's: refused whichever of the two is asked for
+    # a manifest whose ledger is W4A16's is refused; the default task it copies is not blocked by it
     add_task(project, "copycat", ledger="methods/experiment_log.md")
-    for task in ("copycat", "w4a16"):
-        done = agent(project, "run", "--iters", "1", "--panel", str(panel), "--task", task)
-        assert done.returncode == 2 and "belong to task" in done.stderr and "every task has its own main, versions " \
-            "and ledger" in done.stderr, done.stderr
+    done = agent(project, "run", "--iters", "1", "--panel", str(panel), "--task", "copycat")
+    assert done.returncode == 2 and "belong to task" in done.stderr and "every task has its own main, versions " \
+        "and ledger" in done.stderr, done.stderr
     assert "belong to task w4a16; give task copycat its own" in agent(project, "status", "--task", "copycat").stderr
+    assert agent(project, "status", "--task", "w4a16").returncode == 0
     assert not runs(project) and not index(project) and len(ledger_rows(project)) == 1
+
+
+def test_a_malformed_manifest_is_refused_naming_the_field(project: Path, panel: Path):
+    for name, fields, said in (
+            ("flat", {"strata": ["narrow", "wide"]}, "strata must be"),
+            ("bare", {"baseline": "v0"}, "baseline must be"),
+            ("loose", {"tools": {"run_x": {"stage": "nosuch", "description": "d"}}}, "tools must be"),
+            ("odd", {"columns": ["nosuch"]}, "columns must be")):
+        add_task(project, name, **fields)
+        done = agent(project, "run", "--iters", "1", "--panel", str(panel), "--task", name)
+        assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr, done.stderr
+    # a manifest the loop accepts but the evaluator cannot load (no adapter) is refused before the run, too
+    add_task(project, "headless", adapter="tasks/headless/nosuch.py")
+    done = agent(project, "run", "--iters", "1", "--panel", str(panel), "--task", "headless")
+    assert done.returncode == 2 and "no adapter" in done.stderr, done.stderr
+    assert not runs(project)
 
 
 def test_a_hand_written_candidate_is_submitted_to_the_named_task(project: Path, panel: Path, tmp_path: Path):
