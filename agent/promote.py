@@ -61,11 +61,13 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
               None: "of unrecorded origin"}[gpu_timing]
     log(f"task {task.name}, {version} ({task.versions_dir}/{version}): its own row: "
         f"{decision or 'none in ' + task.ledger}; its numbers are {origin}")
-    # a row reverted for want of a GPU judged nothing: a promotion on a GPU measures it first
-    if decision and decision.startswith("revert") and not decision.startswith(NOT_JUDGED) and not force:
-        log(f"promote: refused: the loop reverted {version} of task {task.name} (its row above says why); pass "
-            "--force (FORCE=1) to promote it all the same, which the ledger records, or name another task's version "
-            "with its TASK=; nothing promoted")
+    # a version its loop reverted is promoted only on the verifier's word (--verify) or by force; a row reverted for
+    # want of a GPU judged nothing, and a promotion on a GPU measures it first
+    reverted = bool(decision) and decision.startswith("revert") and not decision.startswith(NOT_JUDGED)
+    if reverted and not verify and not force:
+        log(f"promote: refused: the loop reverted {version} of task {task.name} (its row above says why); promote it "
+            "on the verifier's word with --verify (VERIFY=1, a GPU), or pass --force (FORCE=1), which the ledger "
+            "records; or name another task's version with its TASK=; nothing promoted")
         return 1
     # on a GPU the checks below measure it there; on CPU nothing would, so only --force promotes it
     interpreter_only = gpu_timing is False and not cuda
@@ -133,6 +135,7 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
     replace_solution(task.root / task.candidate_dir, source)
     forced = f" (forced past {verdict['failed_stage']}: {verdict['note'][:120]})" if not verdict["valid"] else ""
     forced += " (forced past interpreter-only numbers)" if interpreter_only else ""
+    forced += " (forced past its revert)" if reverted and not verify else ""
     record(f"promoted {version} to {task.candidate_dir}{forced}{verified}",
            "promoted (forced)" if forced or "forced past the verifier" in verified else "promoted")
     log(f"promoted {version} to {task.candidate_dir} (was {parent}); score {fmt(verdict['score'])}")

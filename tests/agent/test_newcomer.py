@@ -236,7 +236,12 @@ def test_promoting_a_version_the_loop_reverted_on_gpu_numbers_needs_force(projec
     assert done.returncode == 1, f"exit {done.returncode}:\n{done.stdout}\n{done.stderr}"
     assert done.stdout.startswith("task w4a16, v1 (methods/versions/v1): its own row: revert (1.010x best")
     assert "the loop reverted v1 of task w4a16" in done.stdout and "FORCE=1" in done.stdout
-    assert "TASK=" in done.stdout and written(project) == before
+    assert "VERIFY=1" in done.stdout and "TASK=" in done.stdout and written(project) == before
+    forced = agent(project, "promote", "v1", "--panel", str(panel), "--force")
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    row = [line for line in (project / "methods" / "experiment_log.md").read_text().splitlines()
+           if line.startswith("| promote v1 |")][-1]
+    assert "(forced past its revert)" in row and "| promoted (forced) |" in row
 
 
 @pytest.fixture(scope="module")
