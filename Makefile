@@ -5,9 +5,10 @@ VENV := .venv
 PY := $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-# every target serves one task: TASK=<name under tasks/> or a folder holding task.json (default w4a16)
-TASK ?= w4a16
-T := --task $(TASK)
+# every target serves one task: TASK=<name under tasks/> or a folder holding task.json; unset, each command takes its
+# default (w4a16; report and a resumed run: the run's own task)
+TASK ?=
+T := $(if $(TASK),--task $(TASK))
 # SOLUTION defaults to the task's main (each module's own default)
 SOLUTION ?=
 S := $(if $(SOLUTION),--solution $(SOLUTION))
@@ -17,7 +18,7 @@ SEED ?= 1
 PANEL ?=
 P := $(if $(PANEL),--panel $(PANEL))
 JSON ?=
-GRID ?= evals/sweep_grid.json
+GRID ?=
 REPEATS ?= 3
 # make test spreads the test files over JOBS processes where pytest-xdist is installed (make setup installs it)
 JOBS ?= 2
@@ -68,8 +69,8 @@ policy: ## the source policy on a solution's files: [TASK=] [SOLUTION=]
 profile: ## roofline and profiler summary per case: [TASK=] [SOLUTION=] PANEL=visible [NCU=1 (Nsight Compute)] [JSON=]
 	$(PY) -m evals.profile $(T) $(S) $(P) $(if $(NCU),--ncu) $(if $(JSON),--json $(JSON))
 
-sweep: ## tuning overrides of a solution on the GPU, checked then timed in child processes: [TASK=] SOLUTION= [GRID=evals/sweep_grid.json] [JSON=]
-	$(PY) -m evals.sweep $(T) $(S) --grid $(GRID) $(P) $(if $(JSON),--json $(JSON))
+sweep: ## tuning overrides of a solution on the GPU, checked then timed in child processes: [TASK=] SOLUTION= [GRID=FILE (default: the task's sweep_grid)] [JSON=]
+	$(PY) -m evals.sweep $(T) $(S) $(if $(GRID),--grid $(GRID)) $(P) $(if $(JSON),--json $(JSON))
 
 bench: ## the baseline, main and the task's peers against the host and GPU floors, host us/call (needs CUDA) [TASK=] [NO_PEERS=1] [JSON=]
 	$(PY) -m evals.bench $(T) $(P) $(if $(NO_PEERS),--no-peers) $(if $(JSON),--json $(JSON))
@@ -78,7 +79,7 @@ qualify: ## host cost, GPU time and the verifier's timed vectors per plan (needs
 	$(PY) -m evals.qualify $(T) $(S) $(P) $(if $(QGRID),--grid $(QGRID)) --repeats $(REPEATS) $(if $(JSON),--json $(JSON))
 
 agent-run: ## the optimization loop: [TASK=] ITER=20 [BACKEND=auto|offline|openai] [MODEL=] [PANEL=visible|smoke|FILE] [FROM=main|vN] [TIME=MIN] [RESUME=RUN_ID]
-	$(PY) -m agent run --iters $(ITER) $(if $(RESUME),--resume $(RESUME),$(T) $(if $(BACKEND),--backend $(BACKEND)) $(if $(MODEL),--model $(MODEL)) $(P) $(if $(FROM),--from $(FROM)) $(if $(TIME),--time-limit $(TIME)))
+	$(PY) -m agent run --iters $(ITER) $(T) $(if $(RESUME),--resume $(RESUME),$(if $(BACKEND),--backend $(BACKEND)) $(if $(MODEL),--model $(MODEL)) $(P) $(if $(FROM),--from $(FROM)) $(if $(TIME),--time-limit $(TIME)))
 
 agent-status: ## runs by task; the task's best kept versions and last ledger rows [TASK=]
 	$(PY) -m agent status $(T)
@@ -87,7 +88,7 @@ clean-workspace: ## remove the worktrees of the task's finished runs (branches, 
 	$(PY) -m agent clean-workspace $(T)
 
 report: ## regenerate a run's report (the run records its task): RUN=<run-id>
-	$(PY) -m agent report $(RUN)
+	$(PY) -m agent report $(RUN) $(T)
 
 promote: ## check vN of the task again and copy it into its main: [TASK=] V=N [VERIFY=1 (full verifier, GPU)] [FORCE=1] [NOTE="why"]
 	$(PY) -m agent promote $(T) v$(V) $(if $(VERIFY),--verify) $(if $(FORCE),--force) $(if $(NOTE),--note "$(NOTE)")

@@ -309,8 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["child"]:
         return child_main(argv[1:])
     parser = argparse.ArgumentParser(prog=".venv/bin/python -m evals.qualify", description=__doc__.split("\n")[0])
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--solution", help="a solution directory")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--solution", help="a solution directory (default: the task's main)")
     source.add_argument("--synthetic", help="comma-separated spin times in microseconds (calibration points)")
     source.add_argument("--curve", nargs="+", help="qualification JSONs: print the calibration curve")
     tasks.add_argument(parser)
@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError("--synthetic needs a CUDA GPU (its callable spins a GPU kernel)")
             child = ["--synthetic", args.synthetic]
         else:
-            solution = resolve_solution_dir(args.solution)
+            solution = resolve_solution_dir(args.solution or task.main_dir)
             panel = args.panel or kh.default_panel()
             task.cases(panel)
             if Path(panel).is_file():  # the children run in a scratch directory

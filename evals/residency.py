@@ -253,7 +253,7 @@ def format_case(result: CaseResidency, allowance=None) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=".venv/bin/python -m evals.residency", description=__doc__.split("\n")[0])
     tasks.add_argument(parser)
-    parser.add_argument("--solution", required=True, help="solution directory, e.g. methods/main")
+    parser.add_argument("--solution", help="solution directory (default: the task's main)")
     parser.add_argument("--panel", help="visible, smoke or a panel JSON file (default: visible with CUDA, else smoke)")
     parser.add_argument("--calls", type=int, help=f"calls before the last checkpoint (default {CALLS_CUDA} on CUDA, "
                                                   f"{CALLS_INTERPRETED} under the interpreter)")
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         task = tasks.load(args.task)
         require_residency(task)  # before the solution's path is checked
-        solution = resolve_solution_dir(args.solution)
+        solution = resolve_solution_dir(args.solution or task.main_dir)
         report = run(solution, args.panel or kh.default_panel(), args.calls, log=lambda line: print(line, flush=True),
                      task=task)
     except (FileNotFoundError, ValueError, kh.SetupError) as exc:  # TaskError is a ValueError

@@ -161,8 +161,9 @@ def table(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=".venv/bin/python -m evals.sweep", description=__doc__.splitlines()[0])
     tasks.add_argument(parser)
-    parser.add_argument("--solution", required=True, help="a solution directory (or its solution.py)")
-    parser.add_argument("--grid", required=True, help="JSON file: a list of override dicts ({} is the own plan)")
+    parser.add_argument("--solution", help="a solution directory or its solution.py (default: the task's main)")
+    parser.add_argument("--grid", help="JSON file: a list of override dicts ({} is the own plan; default: the task's "
+                                       "manifest's sweep_grid)")
     parser.add_argument("--panel", help="visible, smoke or a panel JSON file (default: visible with CUDA, else smoke)")
     parser.add_argument("--jobs", type=int, default=8, help="processes that build and check in parallel (default 8)")
     parser.add_argument("--pin", action="store_true", help="time on one core, as the verifier's roles do")
@@ -172,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
                                                             "verifier does")
     parser.add_argument("--json", help="write every number here")
     args = parser.parse_args(argv)
+    try:
+        args.grid = args.grid or tasks.grid_of(args.task)
+    except tasks.TaskError as exc:
+        parser.error(str(exc))
     try:
         grid = json.loads(Path(args.grid).read_text())
     except (OSError, ValueError) as exc:
@@ -186,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         task = tasks.load(args.task)
-        solution = str(resolve_solution_dir(args.solution))
+        solution = str(resolve_solution_dir(args.solution or task.main_dir))
         result = run(solution, grid, args.panel or kh.default_panel(), args.jobs, pin=args.pin, inputs=args.inputs,
                      keep=args.keep, task=task)
     except (FileNotFoundError, RuntimeError, ValueError) as exc:

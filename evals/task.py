@@ -228,6 +228,15 @@ def baseline_builder(task: Task, baseline_dir: Path | None):
     return (lambda weights, case: task.build(module, weights)), str(directory)
 
 
+def grid_of(name_or_path: str | os.PathLike | None) -> str:
+    """The task's default sweep grid (the manifest's ``sweep_grid``); a TaskError where it declares none."""
+    manifest = read_manifest(resolve(name_or_path))
+    if "sweep_grid" not in manifest:
+        raise TaskError(f"task {manifest['name']} declares no sweep_grid: give --grid FILE (a JSON list of override "
+                        "dicts)")
+    return str(ROOT / manifest["sweep_grid"])
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m evals.task main [TASK]``: the task's main (for make's defaults); ``list``: the tasks under tasks/."""
     argv = sys.argv[1:] if argv is None else argv

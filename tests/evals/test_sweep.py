@@ -66,7 +66,7 @@ def test_cli_usage_errors(tmp_path):
 
 
 def test_the_shipped_grid_names_only_knobs_the_family_plans_with():
-    grid = json.loads((ROOT / "evals" / "sweep_grid.json").read_text())
+    grid = json.loads((ROOT / "tasks" / "w4a16" / "sweep_grid.json").read_text())
     module = load_solution(FAMILY)
     knobs = set(module.get_config())
     assert grid[0] == {} and len(grid) >= 2  # the family's own plan first: the table's "x own plan" column
