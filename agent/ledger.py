@@ -180,6 +180,7 @@ def _finish_pending(task: Task) -> list[str]:
         pending = json.loads(path.read_text())
         version = pending["index"]["version"]
         if not any(line.startswith(f"| {version} |") for line in rows(task)):
+            _start_ledger(task)  # a kill before a new task's first row left no header either
             _append_line(task.ledger_path, pending["row"])
         if not any(entry.get("version") == version for entry in index_entries(task)):
             _append_line(task.versions / "index.jsonl", json.dumps(pending["index"], sort_keys=True))

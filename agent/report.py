@@ -19,7 +19,7 @@ from agent import ledger
 from agent.config import DEFAULT_TASK, MANIFEST, Task
 from agent.ledger import fmt
 from agent.loop import make_hint
-from agent.workspace import RunState, Workspace, all_runs, run_state_dir
+from agent.workspace import RunState, all_runs, run_state_dir
 
 STYLE = ("body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}"
          "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}"
@@ -261,6 +261,3 @@ def task_of(state: RunState) -> str:
     except (OSError, ValueError, KeyError):  # a task folder since removed: its folder's name
         return Path(folder).name
 
-
-def known_run(task: Task, run_id: str) -> bool:
-    return (Workspace(task.root, run_id, task.candidate_dir).state_dir / "state.json").is_file()

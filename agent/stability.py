@@ -12,7 +12,7 @@ from __future__ import annotations
 
 LEGACY_LIMIT = 1.15
 """The verifier's max/min limit as reports written before they carried their own ("limit") were judged by; every
-report the evaluator writes now says it (evals/stability.py's DISPERSION_LIMIT is the one source)."""
+report the evaluator writes says it (evals/stability.py's DISPERSION_LIMIT is the one source)."""
 
 
 def limit_of(report: dict | None) -> float:

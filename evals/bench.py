@@ -3,7 +3,7 @@
     .venv/bin/python -m evals.bench [--task NAME|DIR] [--panel visible|FILE] [--solutions DIR ...] [--no-peers]
                                     [--json OUT]
 
-The solutions default to the task's baseline version and its main (W4A16: methods/versions/v0 and methods/main); a
+The solutions default to the task's baseline version and its main (the manifest's baseline and main); a
 task whose baseline is a callable has that callable timed as a row of its own (note "baseline"). Per case: the HBM
 roofline (the case's bytes, the adapter's ``bytes_moved``, at the measured copy bandwidth), the GPU floor (4 us of
 fixed kernel cost + that roofline) and two host floors (torch.empty of one output + one launch through Triton's JIT

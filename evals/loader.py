@@ -20,7 +20,7 @@ def resolve_solution_dir(path: str | Path) -> Path:
         path = path.parent
     if not (path / "solution.py").is_file():
         raise FileNotFoundError(f"no solution.py in {path}; "
-                                "pass a solution directory such as methods/main")
+                                "pass a solution directory (one holding solution.py)")
     return path.resolve()
 
 

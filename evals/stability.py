@@ -28,8 +28,8 @@ PROBE_CALLS = 128  # calls issued while the GPU is busy: well under the launch q
 PROBE_ROUNDS = 5
 # Distinct call inputs the selfcheck probes with: as many as the verifier's input pool (evals/gates.py, its "spec"
 # schedule), which ``probe`` takes in turn over its rounds, so that its GPU time per call is the one the verifier's
-# groups see. A few inputs cycled stay in the L2 and run shorter (W4A16's v89 on its expert-batch cases on an H200: 16
-# inputs, in make bench, ran them at 0.6-0.8x the verifier's times; reports/examples/h200-verifier-regime).
+# groups see. A few inputs cycled stay in the L2 and run shorter (a W4A16 plan cycled over 16 inputs ran at 0.6-0.8x
+# the verifier's times on an H200: reports/examples/h200-verifier-regime).
 PROBE_POOL = 512
 SPIN_US = 8000.0  # the first busy stretch; doubled while the host needs longer than it to issue the calls
 SPIN_MAX_US = 256_000.0  # a callable whose calls the host cannot issue within this (it waits on the GPU) is not probed

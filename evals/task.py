@@ -8,7 +8,7 @@ NAME|DIR``, default ``w4a16``) and asks it for everything that is the task's; th
 The adapter's interface (``tasks/w4a16/adapter.py`` is the full example, ``tests/toy_task/adapter.py`` the smallest):
 
     Case                          a frozen dataclass: ``stratum``, ``seed``, the case's dimensions; ``.name`` and
-                                  ``.dims`` (a dict of the dimensions the manifest's ``case_dims`` names)
+                                  ``.dims`` (its dimensions by name, as the manifest's strata and tier_dims name them)
     MODES                         the input regimes the correctness gates check, "normal" first
     generate(case, mode, device)  -> Problem: the build arguments (by name, in the contract's order) and one call's
                                   inputs (a tuple, in the contract's order), deterministic in (case, mode, device)
@@ -138,13 +138,6 @@ class Task:
     @property
     def case_keys(self) -> list[str]:
         return [f.name for f in self.adapter.Case.__dataclass_fields__.values()]
-
-    def stratum_of(self, dims: dict[str, int]) -> str | None:
-        """The first stratum whose ranges hold the case's dimensions (the manifest's ``strata``), else None."""
-        for name, ranges in self.strata.items():
-            if all(low <= dims[dim] and (high is None or dims[dim] <= high) for dim, (low, high) in ranges.items()):
-                return name
-        return None
 
 
 def resolve(name_or_path: str | os.PathLike | None) -> Path:

@@ -21,14 +21,13 @@ the tables deciding its shapes (or a new tier for it), which give each call more
 from __future__ import annotations
 
 import ast
-import hashlib
 import itertools
 import json
 from dataclasses import dataclass, field, replace
 
 from agent.config import Task
 from agent.exceptions import LimitsExceeded, ProposerError
-from agent.ledger import ATTEMPT_ROW, identity, parse_row, solution_files
+from agent.ledger import ATTEMPT_ROW, identity, legacy_sha256, parse_row, solution_files
 from agent.proposers import IterationContext
 from agent.proposers.space import (Knob, Space, assigned, find_get_config, number, range_keys, read_space,
                                    string_keys)
@@ -387,10 +386,10 @@ class OfflineProposer:
         # they are) or, for rows from before identities hashed every file, solution.py's own hash
         helpers = {path.name: path.read_bytes() for path in solution_files(tools.candidate)
                    if path.name != "solution.py"}
-        tried = {row.get("sha256") for row in rows} | {_sha(source)}
+        tried = {row.get("sha256") for row in rows} | {legacy_sha256(source.encode())}
 
         def known(proposal: str) -> bool:
-            return (_sha(proposal) in tried
+            return (legacy_sha256(proposal.encode()) in tried
                     or identity({**helpers, "solution.py": proposal.encode()}) in tried)
         broken = failed_moves(rows, task)
         singles = single_moves(tables, context.profile, space, task, tier, focus)
@@ -435,8 +434,3 @@ def failed_moves(rows: list[dict], task: Task) -> set[tuple[str, str, str]]:
         if " + " not in summary and len(words) >= 2 and "->" in words[-1]:
             broken.add((" ".join(words[:-2]) or "config", words[-2], words[-1].split("->")[1]))
     return broken
-
-
-def _sha(text: str) -> str:
-    """solution.py's own hash: the identity rows written before identities hashed every file carry."""
-    return hashlib.sha256(text.encode()).hexdigest()

@@ -11,7 +11,7 @@ import pytest
 from agent.config import RunConfig, Task, from_dict
 from agent.evaluate import Evaluator
 from agent.exceptions import LimitsExceeded, Submitted
-from agent.ledger import columns, format_row, record, rows, unified_patch
+from agent.ledger import columns, format_row, identity, record, rows, unified_patch
 from agent.prompts import render
 from agent.proposers import IterationContext
 from agent.proposers.offline import OfflineProposer, find_table
@@ -77,6 +77,24 @@ def test_offline_search_follows_the_profile_and_never_repeats_the_ledger(tools):
     (tools.candidate / "solution.py").write_text(start)
     _, submitted = propose(tools, {"strata": {"balanced": 0.8, "expert-batch": 1.0}})
     assert submitted.summary == "TIERS[1] BLOCK_SIZE_N 64->32"
+
+
+def test_a_proposal_whose_files_a_row_identifies_is_never_made_again(tools):  # noqa: F811
+    """A row's sha256 is the identity of every file of its version: the proposal with the candidate's helper files
+    as they are; the same solution.py beside another helper is another version, and is proposed."""
+    (tools.candidate / "helper.py").write_text("X = 1\n")
+    source, submitted = propose(tools, {"strata": {"balanced": 1.0, "expert-batch": 0.8}})
+    assert submitted.summary == "BLOCK_SIZE_M 32->64"
+    v0 = (tools.task.root / tools.task.versions_dir / "v0" / "solution.py").read_text()
+    ledger = tools.task.ledger_path
+    other = identity({"solution.py": source.encode(), "helper.py": b"X = 2\n"})
+    ledger.write_text(ledger.read_text() + format_row({"version": "v1", "sha256": other}, tools.task) + "\n")
+    (tools.candidate / "solution.py").write_text(v0)
+    assert propose(tools, {"strata": {"balanced": 1.0, "expert-batch": 0.8}})[1].summary == "BLOCK_SIZE_M 32->64"
+    same = identity({"solution.py": source.encode(), "helper.py": b"X = 1\n"})
+    ledger.write_text(ledger.read_text() + format_row({"version": "v2", "sha256": same}, tools.task) + "\n")
+    (tools.candidate / "solution.py").write_text(v0)
+    assert propose(tools, {"strata": {"balanced": 1.0, "expert-batch": 0.8}})[1].summary != "BLOCK_SIZE_M 32->64"
 
 
 def test_offline_search_searches_only_declared_knobs_and_their_values(tools):  # noqa: F811
