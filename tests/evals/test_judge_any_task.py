@@ -186,7 +186,7 @@ def toy(tmp_path_factory):
         "contract": {"entry": "build", "build_args": ["weight", "shift"], "call_args": ["x"]},
         "main": str(root / "main"), "versions": str(root / "versions"), "ledger": str(root / "log.md"),
         "panels": {"visible": str(folder / "panels" / "visible.json"), "smoke": str(folder / "panels" / "smoke.json")},
-        "case_dims": ["rows", "cols"], "strata": {"small": {"rows": [1, 7]}, "large": {"rows": [8, None]}},
+        "tier_dims": {"rows": [1, None]}, "strata": {"small": {"rows": [1, 7]}, "large": {"rows": [8, None]}},
         "baseline": {"callable": "adapter.baseline"}, "stages": ["policy", "selfcheck", "gates"],
         "timing": "eager-groups"}
     (folder / "task.json").write_text(json.dumps(manifest))
@@ -313,3 +313,16 @@ def test_the_toy_task_of_the_tests_passes_the_gates_with_its_own_regimes(tmp_pat
     for case in report["cases"]:
         assert all(case["gates"][name]["status"] == "pass" for name in regimes)
         assert case["gates"]["residency"]["status"] == "skip"
+
+
+def test_a_check_stage_of_the_tasks_own_is_accepted_and_a_manifest_without_policy_first_is_not(toy, tmp_path):
+    manifest = json.loads((toy / "task" / "task.json").read_text())
+    for name, stages, code in (("own", ["policy", "selfcheck", "gates", "lint"], 0),
+                               ("unordered", ["selfcheck", "policy"], 2)):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "task.json").write_text(json.dumps(manifest | {"name": name, "stages": stages,
+                                                                 "commands": {"lint": ["-m", "evals.policy"]}}))
+        done = run("evals.selfcheck", "--task", folder, "--list-cases", "--panel", "smoke")
+        assert done.returncode == code, done.stdout + done.stderr
+    assert "stages must start with policy, selfcheck" in done.stderr
