@@ -208,7 +208,8 @@ class Evaluator:
         for a candidate that would be kept, since a slower one is reverted whatever they say. A candidate whose score
         against the baseline is more than ``SURELY_SLOWER`` below ``best_score`` (the best's own score against it)
         cannot be kept: it is not timed against the best, and its row says so. Without a GPU nothing is kept: the
-        interpreter's wall times cannot rank kernels, so no candidate is a would-be keeper there.
+        interpreter's wall times cannot rank kernels, so no candidate is timed against the best or is a would-be
+        keeper there.
 
         On a GPU a keeper must also be stable (``agent.stability``): a case the selfcheck finds host-bound, or a
         qualification vector over the verifier's limit, blocks the keep; such a candidate is still valid (correct,
@@ -233,7 +234,8 @@ class Evaluator:
             estimate = (check.get("score") or 0.0) / best_score if best_score else None
             if best_is_baseline:  # the selfcheck already timed the candidate against the baseline in alternation
                 comparison = compare(check)
-            elif not stable or (estimate is not None and estimate < 1 - SURELY_SLOWER):  # cannot be kept
+            elif not self.cuda or not stable or (estimate is not None and estimate < 1 - SURELY_SLOWER):
+                # cannot be kept (interpreter timings keep nothing): timing it against the best would say nothing
                 estimated = "estimated from both scores against the baseline; " if estimate is not None else ""
                 comparison = {"keep": False, "speedup_over_best": estimate, "noise": None,
                               "compare_note": estimated + "not timed against the best"}

@@ -239,22 +239,19 @@ def metric_cells(task: Task, verdict: dict, unchecked: str) -> dict[str, str]:
     return cells
 
 
-NOT_JUDGED = "revert (no GPU: nothing is kept on interpreter timings, which rank nothing"
-"""How a row begins that reverted a valid candidate only because there was no GPU: no judgement of the candidate."""
-
-
 def decision(verdict: dict) -> str:
     """The ledger's decision cell: keep or revert and why, the reason in full (each stage's output tail is in
     verdict.json). Without a GPU nothing is kept on timing: interpreter wall times cannot rank kernels, and the cell
     says so. A valid candidate the verifier could not time (its ``stable`` cell "no ...", GPU only) reads "revert
     (unstable: CASE WHY; 1.420x best)"."""
     speedup, noise = verdict.get("speedup_over_best"), verdict.get("noise")
+    estimated = verdict.get("compare_note", "").startswith("estimated")
     if verdict["valid"] and not verdict.get("gpu_timing"):
-        measured = f"; {fmt(speedup)}x best, noise {fmt(noise)}" if speedup is not None else ""
-        return f"{NOT_JUDGED}{measured})"
+        measured = ("" if speedup is None else f"; ~{speedup:.3f}x best from both scores against the baseline"
+                    if estimated else f"; {speedup:.3f}x best, noise {fmt(noise)}")
+        return f"revert (no GPU: nothing is kept on interpreter timings, which rank nothing{measured})"
     if verdict["keep"]:
         return f"keep ({speedup:.3f}x best, noise {noise:.3f})"
-    estimated = verdict.get("compare_note", "").startswith("estimated")
     if verdict["valid"] and str(verdict.get("stable", "")).startswith("no"):
         why = ", ".join(f"{u['case']} {u['why']}" for u in verdict.get("unstable") or []) or verdict["stability_note"]
         return f"revert (unstable: {why}; {'~' if estimated else ''}{fmt(speedup)}x best)"

@@ -415,9 +415,12 @@ def test_the_decision_keeps_the_whole_reason_and_names_interpreter_timings():
     assert decision(dict(timed, keep=False, gpu_timing=False)) == (
         "revert (no GPU: nothing is kept on interpreter timings, which rank nothing; 1.780x best, noise 0.010)")
     assert decision(dict(timed, gpu_timing=True)) == "keep (1.780x best, noise 0.010)"
-    slower = {"keep": False, "valid": True, "speedup_over_best": 0.9, "noise": 0.01, "gpu_timing": False}
+    slower = {"keep": False, "valid": True, "speedup_over_best": 0.9, "noise": None, "gpu_timing": False,
+              "compare_note": "estimated from both scores against the baseline; not timed against the best"}
     assert decision(slower) == ("revert (no GPU: nothing is kept on interpreter timings, which rank nothing; "
-                                "0.900x best, noise 0.010)")
+                                "~0.900x best from both scores against the baseline)")
+    unmeasured = dict(slower, speedup_over_best=None)
+    assert decision(unmeasured) == "revert (no GPU: nothing is kept on interpreter timings, which rank nothing)"
 
 
 def test_the_evaluation_limit_follows_the_panel_within_the_floor_and_the_tasks_limit(project: Path):
