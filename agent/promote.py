@@ -22,7 +22,7 @@ from agent import ledger
 from agent.config import Task
 from agent.evaluate import Evaluator, baseline_noise_only
 from agent.ledger import fmt
-from agent.loop import NOT_JUDGED, make_hint, row_values
+from agent.loop import make_hint, row_values
 from agent.workspace import default_panel, replace_solution
 
 
@@ -61,9 +61,9 @@ def promote(task: Task, version: str, cuda: bool, force: bool = False, panel: st
               None: "of unrecorded origin"}[gpu_timing]
     log(f"task {task.name}, {version} ({task.versions_dir}/{version}): its own row: "
         f"{decision or 'none in ' + task.ledger}; its numbers are {origin}")
-    # a version its loop reverted is promoted only on the verifier's word (--verify) or by force; a row reverted for
-    # want of a GPU judged nothing, and a promotion on a GPU measures it first
-    reverted = bool(decision) and decision.startswith("revert") and not decision.startswith(NOT_JUDGED)
+    # a version its loop reverted on a GPU is promoted only on the verifier's word (--verify) or by force; rows of
+    # interpreter timings judged nothing (the check below stands for them)
+    reverted = bool(decision) and decision.startswith("revert") and gpu_timing is not False
     if reverted and not verify and not force:
         log(f"promote: refused: the loop reverted {version} of task {task.name} (its row above says why); promote it "
             "on the verifier's word with --verify (VERIFY=1, a GPU), or pass --force (FORCE=1), which the ledger "
