@@ -292,14 +292,17 @@ class Evaluator:
 def compare(report: dict | None) -> dict:
     """The candidate's speedup over the best, both timed in alternation in one process, aggregated as the task's
     score (the selfcheck's: geometric mean per stratum, harmonic mean across strata), against the noise: the median
-    over cases of the spread (max/min - 1) of the candidate's per-group times. A plain geomean over all cases would
-    keep a candidate that wins one stratum by more than it loses the other and lowers the score."""
+    over cases of each case's noise, its ``spread`` where the report gives one (a graph-paired selfcheck: the larger
+    of the candidate's hot and flushed interquartile spreads p75/p25, minus 1), else the spread (max/min - 1) of the
+    candidate's per-group times. A plain geomean over all cases would keep a candidate that wins one stratum by more
+    than it loses the other and lowers the score."""
     cases = (report or {}).get("cases", [])
     speedups = [c["speedup"] for c in cases if c.get("speedup")]
     score = (report or {}).get("score")
     if not cases or len(speedups) != len(cases) or not score:
         return {"keep": False, "speedup_over_best": None, "noise": None, "compare_note": "no valid comparison"}
-    spreads = sorted(max(c["times_us"]) / min(c["times_us"]) - 1 for c in cases if c.get("times_us"))
+    spreads = sorted(c["spread"] if c.get("spread") is not None else max(c["times_us"]) / min(c["times_us"]) - 1
+                     for c in cases if c.get("spread") is not None or c.get("times_us"))
     noise = spreads[len(spreads) // 2] if spreads else 0.0
     return {"keep": score > 1 + noise, "speedup_over_best": score, "noise": noise}
 

@@ -3,8 +3,9 @@
     .venv/bin/python -m evals.bench [--task NAME|DIR] [--panel visible|FILE] [--solutions DIR ...] [--no-peers]
                                     [--json OUT]
 
-The solutions default to the task's baseline version and its main (the manifest's baseline and main); a
-task whose baseline is a callable has that callable timed as a row of its own (note "baseline"). Per case: the HBM
+The solutions default to the task's baseline version and its main (the manifest's baseline and main); for a
+task whose baseline is a callable, to its versions' v0 (where it has one) and its main, with the callable timed as a
+row of its own (note "baseline"). Per case: the HBM
 roofline (the case's bytes, the adapter's ``bytes_moved``, at the measured copy bandwidth), the GPU floor (4 us of
 fixed kernel cost + that roofline) and two host floors (torch.empty of one output + one launch through Triton's JIT
 dispatch; the same through the already-compiled kernel's launcher; the output is the adapter's FLOOR_OUTPUT_SHAPE of
@@ -34,14 +35,11 @@ import torch
 from evals import kernel_harness as kh
 from evals import power, stability
 from evals import task as tasks
+from evals.graph_timing import FLUSH_BYTES, SPIN_CYCLES  # the L2 flush and the spin graph-paired times with too
 from evals.loader import load_solution, resolve_solution_dir
 from evals.selfcheck import error_line
 
 FIXED_KERNEL_US = 4.0
-FLUSH_BYTES = 256 << 20  # four times the L2
-# ~100 us of spinning (H200 SMs clock at most 1.98 GHz): enough for the host to enqueue start event, replay and end
-# event while the GPU is busy, so that host launch cost never lands between the two events
-SPIN_CYCLES = 200_000
 
 
 @dataclass
@@ -181,12 +179,21 @@ def implementations(task: tasks.Task, solutions: list[Path], peers: bool, log=pr
     return impls
 
 
+def default_solutions(task: tasks.Task) -> list[Path]:
+    """The task's baseline version and its main; for a task whose baseline is a callable (a row of its own), its
+    versions' v0 where it exists, and its main."""
+    if task.baseline_dir is not None:
+        return [task.baseline_dir, task.main_dir]
+    first = tasks.ROOT / task.manifest["versions"] / "v0"
+    return [first, task.main_dir] if (first / "solution.py").is_file() else [task.main_dir]
+
+
 def run(panel: str, solutions: list[Path] | None = None, log=print, peers: bool = True,
         task: tasks.Task | None = None) -> dict:
-    """The bench of ``solutions`` (default: the task's baseline version, if it has one, and its main)."""
+    """The bench of ``solutions`` (default: ``default_solutions``)."""
     task = task or tasks.load()
     if solutions is None:
-        solutions = [path for path in (task.baseline_dir, task.main_dir) if path is not None]
+        solutions = default_solutions(task)
     info = kh.select_device()
     if info.device.type != "cuda":
         raise RuntimeError("the benchmark needs a CUDA GPU (" + info.message + ")")
@@ -251,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--panel", help="visible, smoke or a panel JSON file (default: visible with CUDA, else "
                                         "smoke); bench needs CUDA")
     parser.add_argument("--solutions", nargs="+",
-                        help="our solutions to time (default: the task's baseline version and its main)")
+                        help="our solutions to time (default: the task's baseline version, or for a callable "
+                             "baseline its v0 where it has one, and its main)")
     parser.add_argument("--no-peers", action="store_true",
                         help="time our solutions only (the peers take minutes: a slow peer is ~1 ms a call)")
     parser.add_argument("--json", help="write the full report here")

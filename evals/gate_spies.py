@@ -139,15 +139,22 @@ ADAPTER_CHECKS = ("reference", "check_output", "references", "outside_bound")  #
 
 def tamper_snapshot(task) -> dict[str, object]:
     """The handles whose identity must survive build and calls: timers, synchronize, streams, the allocator's entry,
-    gc, and the checks the verifier calls (the task adapter's oracle and output check, residency's measure)."""
+    gc, and the checks the verifier calls (the task adapter's oracle and output check, residency's measure); for a
+    graph-paired task also CUDA-graph capture and replay and the spin kernel (evals/graph_timing.py)."""
     checks = {f"adapter.{name}": getattr(task.adapter, name) for name in ADAPTER_CHECKS
               if hasattr(task.adapter, name)}
+    graphs = {}
+    if getattr(task, "manifest", {}).get("timing") == "graph-paired":
+        cls = torch.cuda.CUDAGraph
+        graphs = {"torch.cuda.graph": torch.cuda.graph, "torch.cuda.CUDAGraph": cls,
+                  "torch.cuda.CUDAGraph.replay": cls.replay, "torch.cuda.CUDAGraph.capture_begin": cls.capture_begin,
+                  "torch.cuda.CUDAGraph.capture_end": cls.capture_end, "torch.cuda._sleep": torch.cuda._sleep}
     return {"time.perf_counter": time.perf_counter, "time.perf_counter_ns": time.perf_counter_ns,
             "time.time": time.time, "time.monotonic": time.monotonic, "torch.cuda.synchronize": torch.cuda.synchronize,
             "torch.cuda.Event": torch.cuda.Event, "torch.cuda.current_stream": torch.cuda.current_stream,
             "torch.cuda.Stream": torch.cuda.Stream, "torch.cuda.set_stream": torch.cuda.set_stream,
             "torch.empty": torch.empty, "gc.collect": gc.collect, "gc.disable": gc.disable, "gc.enable": gc.enable,
-            **checks, "residency.measure": residency.measure}
+            **checks, "residency.measure": residency.measure, **graphs}
 
 
 # ----------------------------------------------------------------------------------------------------- output audits

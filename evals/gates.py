@@ -23,13 +23,27 @@ does) checks, with every output kept and audited:
   isolation             no file, process, socket or thread started from the candidate's own frames (audit hook)
   residency             evals/residency.py's checkpoints: after build, after the first call, after all calls (skipped,
                         with the reason, for a task that declares no residency stage)
-With timing, the timing protocol's schedule follows (reset; distinct outputs audited and released; heater; untimed
-calls; timed groups) and adds schedule_outputs (every primed and timed output re-validated) and timing_sanity (a
-median under the copy-bandwidth roofline of the case's bytes is impossible). Each timed group calls on calls_per_group
-distinct call inputs whose values the verifier rewrites in place (a seeded draw, the same for all three roles)
-before the group, outside the timed region: no (address, _version) pair and no content repeats from one group to
-the next, so no cache pays off; the pool is checked unchanged before each rewrite. Stabilizers: the cyclic garbage
-collector is off during the timed groups, and a timing role on CUDA is pinned to one core (os.sched_setaffinity).
+With timing, the task's timing protocol (its manifest's ``timing``) follows and adds schedule_outputs and
+timing_sanity:
+
+- eager-groups: the schedule (reset; distinct outputs audited and released; heater; untimed calls; timed groups);
+  schedule_outputs re-validates every primed and timed output, and timing_sanity finds a median under the
+  copy-bandwidth roofline of the case's bytes impossible. Each timed group calls on calls_per_group distinct call
+  inputs whose values the verifier rewrites in place (a seeded draw, the same for all three roles) before the group,
+  outside the timed region: no (address, _version) pair and no content repeats from one group to the next, so no
+  cache pays off; the pool is checked unchanged before each rewrite.
+- graph-paired: the candidate paired with the yardstick in this one process (evals/graph_timing.py: CUDA-graph
+  replay, hot and L2-flushed). The yardstick (the task's baseline, or the solution given by ``--pair-with``) is built
+  and captured during setup, before any candidate code exists in the process, so nothing the candidate does can
+  change what its graphs run. The pool (graph_timing's HOT_CALLS call inputs) is checked unchanged and rewritten in
+  place before every pair with that pair's seeded draw (group_inputs with the pair index); schedule_outputs validates
+  the candidate's graph outputs against the oracle after the first three pairs and the last of each regime, and
+  fresh_outputs their storage; timing_sanity holds the flushed median alone to the roofline (hot replays read the
+  weight from the L2 and may beat it legitimately). The record's ``paired`` holds every series; ``times_us`` and
+  ``median_us`` are the candidate's hot ones.
+
+Stabilizers: the cyclic garbage collector is off during the timed groups or pairs, and a timing role on CUDA is pinned
+to one core (os.sched_setaffinity).
 A failure of the verifier's own setup (say, a case seed whose construction the adapter cannot complete) is
 recorded as ``error.stage == SETUP_STAGE``: the case could not be judged, which says nothing about the candidate.
 """
@@ -44,8 +58,8 @@ from pathlib import Path
 
 import torch
 
+from evals import graph_timing, residency, stability
 from evals import kernel_harness as kh
-from evals import residency, stability
 from evals import task as tasks
 from evals.gate_spies import (EVIDENCE_CAP, GateBook, Spies, bound_name, changed_inputs, dtype_label, heat,
                               isolate_timing_thread, overlaps, pin_to_one_core, poisoned_allocations, references,
@@ -113,6 +127,12 @@ SCHEDULES = {"spec": Schedule(16384, 8, 1024, 4096, 8192, 11, 512, 512),
              "smoke": Schedule(16, 1, 2, 256, 4, 11, 1, 4)}
 SCHEDULES["spec-unpinned"] = replace(SCHEDULES["spec"], pin="none")
 SCHEDULES["spec-thread-pinned"] = replace(SCHEDULES["spec"], pin="thread")
+# a graph-paired task's counts by schedule name (evals/graph_timing.py): the protocol's, but the smoke schedule's
+GRAPH_PLANS = {"smoke": graph_timing.SMOKE}
+
+
+def graph_plan(schedule: str) -> graph_timing.Plan:
+    return GRAPH_PLANS.get(schedule, graph_timing.FULL)
 
 
 def group_inputs(task: tasks.Task, case, count: int, group: int, device: torch.device) -> list[tuple]:
@@ -155,12 +175,17 @@ def run_schedule(fn, pool: list[tuple], s: Schedule, device: torch.device, befor
 
 # ----------------------------------------------------------------------------------------------------- the role
 class Role:
-    """One role: ``solution_dir`` (a solution's directory) or, where it is None, the task's callable baseline."""
+    """One role: ``solution_dir`` (a solution's directory) or, where it is None, the task's callable baseline. For a
+    graph-paired task its timing pairs it with ``yardstick`` (a solution's directory; None: the task's baseline) under
+    ``plan``."""
 
     def __init__(self, task: tasks.Task, solution_dir: Path | None, case, schedule: Schedule, timing: bool,
-                 device: torch.device, book: GateBook, record: dict) -> None:
+                 device: torch.device, book: GateBook, record: dict, yardstick: Path | None = None,
+                 plan: graph_timing.Plan = graph_timing.FULL) -> None:
         self.task, self.adapter = task, task.adapter
         self.solution_dir, self.case, self.schedule, self.timing = solution_dir, case, schedule, timing
+        self.paired = task.manifest["timing"] == graph_timing.PROTOCOL
+        self.yardstick_dir, self.plan, self.yardstick = yardstick, plan, None
         self.device, self.book, self.record = device, book, record
         self.shape, self.dtype = tuple(self.adapter.output_shape(case)), self.adapter.OUTPUT_DTYPE
         self.call_args = task.call_args
@@ -199,6 +224,9 @@ class Role:
         self.allowance = residency.allowance_for(self.task, case) if self.task.declares("residency") else None
         if self.timing and device.type == "cuda":
             self.record["copy_gbps"] = kh.copy_bandwidth_gbps(device)
+        if self.timing and self.paired:  # captured before any candidate code exists in this process
+            build, self.record["yardstick"] = tasks.baseline_builder(self.task, self.yardstick_dir)
+            self.yardstick = graph_timing.prepare(build(self.weights, case), self.pool, "baseline", self.plan)
         residency.warm_libraries(device)
         residency.settle(device)
         self.before, self.before_allocated = residency.live_storages(device), residency.allocated(device)
@@ -209,7 +237,11 @@ class Role:
         self.stream_before = torch.cuda.current_stream().stream_id if device.type == "cuda" else None
 
     def pool_size(self) -> int:
-        return max(self.schedule.input_pool, self.schedule.calls_per_group) if self.timing else GATE_POOL
+        if not self.timing:
+            return GATE_POOL
+        if self.paired:  # the static call inputs of the graphs
+            return max(GATE_POOL, self.plan.hot_calls)
+        return max(self.schedule.input_pool, self.schedule.calls_per_group)
 
     def call(self, fn, *inputs):
         with poisoned_allocations(self.shape, self.dtype, self.device):
@@ -359,6 +391,9 @@ class Role:
 
     # --------------------------------------------------------------------------------------------- timing pass
     def timing_pass(self) -> None:
+        if self.paired:
+            self.paired_pass()
+            return
         s, pool, device = self.schedule, self.pool, self.device
         self.stage = "timing schedule"
 
@@ -396,6 +431,46 @@ class Role:
         self.record.update(host_us=found["host_us"], gpu_us=found["gpu_us"])
         self.checks("timing", residency_point=False)
 
+    def paired_pass(self) -> None:
+        """The graph-paired protocol: the candidate's graphs captured, then paired with the yardstick's."""
+        self.stage = "graph-paired timing"
+        found = graph_timing.paired(self.fn, self.yardstick, self.pool, self.refill, self.paired_check,
+                                    names=("candidate", "baseline"), plan=self.plan)
+        self.calls += found["calls"]["candidate"]
+        self.record["paired"] = found
+        hot, flushed = found["hot"], found["flushed"]
+        self.record["times_us"], self.record["median_us"] = hot["candidate_times_us"], hot["candidate_us"]
+        self.record["speedup"] = found["speedup"]
+        gbps = self.record.get("copy_gbps")
+        if gbps:
+            nbytes = self.adapter.bytes_moved(self.case)
+            self.record["roofline_us"] = roofline = nbytes / (gbps * 1e3)
+            median = flushed["candidate_us"]
+            self.book.check("timing_sanity", median >= roofline, f"flushed median {median:.2f} us vs {roofline:.2f} "
+                            f"us to move {nbytes:,} bytes at the copy bandwidth {gbps:.0f} GB/s"
+                            + ("" if median >= roofline else ": faster than possible")
+                            + "; the hot median is not held to it (hot replays read the weight from the L2 and may "
+                              "beat the HBM roofline legitimately)")
+        self.yardstick = None  # its graphs and callable go before the closing checks
+        residency.settle(self.device)
+        self.checks("timing", residency_point=False)
+
+    def paired_check(self, name: str, regime: str, pair: int, outputs: list) -> None:
+        """The candidate's graph outputs after ``pair`` (output j from pool input j, cycled) against the oracle of that
+        pair's draw, and their storage against the inputs' and each other's."""
+        if name != "candidate":
+            return
+        refs = references(self.task, self.case, self.weight_clones, self.group_inputs(pair))
+        indices = [j % len(self.pool) for j in range(len(outputs))]
+        bad, messages = validate(outputs, indices, refs, self.task, self.case, self.device)
+        label = f"{len(outputs)} {regime} graph outputs after pair {pair}"
+        self.book.check("schedule_outputs", not bad, f"{label}: " + (
+            f"{bad} bad: {messages[:EVIDENCE_CAP]}" if bad else f"all within {bound_name(self.task)}"))
+        found = overlaps([(f"input {name}", t) for name, t in self.guarded.items()]
+                         + [(f"{regime} graph output {j}", o) for j, o in enumerate(outputs)])
+        self.book.check("fresh_outputs", not found, f"{label}: " + (
+            "; ".join(found[:EVIDENCE_CAP]) if found else "storage disjoint from each other and from every input"))
+
     def validate_phase(self, phase: str, outs: list, batches) -> None:
         """``batches``: (start, stop, refs), outputs[start:stop] made from pool inputs 0, 1, ... in turn (cycled)."""
         bad, messages = 0, []
@@ -418,8 +493,8 @@ class Role:
         pool must still hold what the verifier wrote last: a write during the previous group shows here."""
         changed = changed_inputs(self.pool_names, self.guarded, self.versions, self.clones)
         if changed:
-            self.book.check("input_immutability", False,
-                            f"before timed group {group}: " + "; ".join(changed[:EVIDENCE_CAP]))
+            self.book.check("input_immutability", False, f"before {'pair' if self.paired else 'timed group'} {group}: "
+                            + "; ".join(changed[:EVIDENCE_CAP]))
         for i, fresh in enumerate(self.group_inputs(group)):
             for name, target, values in zip(self.call_args, self.pool[i], fresh):
                 if not isinstance(target, torch.Tensor):
@@ -456,9 +531,11 @@ def baseline_label(task: tasks.Task) -> str:
     return task.manifest["baseline"].get("callable") or "the task's callable baseline"
 
 
-def run_role(task: tasks.Task, solution_dir: Path | None, case, schedule: Schedule, timing: bool) -> dict:
+def run_role(task: tasks.Task, solution_dir: Path | None, case, schedule: Schedule, timing: bool,
+             yardstick: Path | None = None, plan: graph_timing.Plan = graph_timing.FULL) -> dict:
     """One solution (``solution_dir``; None: the task's callable baseline) on one case; the record of every gate.
-    Never raises for a bad candidate."""
+    A graph-paired task's timing pairs it with ``yardstick`` (None: the task's baseline) under ``plan``. Never raises
+    for a bad candidate."""
     began = _perf_counter()
     info = kh.select_device()  # before the candidate imports triton
     record = {"case": kh.case_dict(case), "solution": str(solution_dir) if solution_dir else baseline_label(task),
@@ -475,7 +552,7 @@ def run_role(task: tasks.Task, solution_dir: Path | None, case, schedule: Schedu
     if not timing:
         for name in TIMING_GATES:
             book.skip(name, "a timing gate: not run with --gates-only")
-    role = Role(task, solution_dir, case, schedule, timing, info.device, book, record)
+    role = Role(task, solution_dir, case, schedule, timing, info.device, book, record, yardstick, plan)
     for step in (role.setup, role.gates_pass, role.timing_pass, role.close):
         if step == role.timing_pass and (not timing or book.failed() or role.fn is None):
             for name in TIMING_GATES if timing else ():  # cheap to expensive: a failed candidate is not timed

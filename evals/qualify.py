@@ -24,7 +24,8 @@ controlled points.
 ``--curve`` reads qualification JSONs and prints the worst max/min by GPU/host ratio, and the calibrated threshold:
 the smallest ratio at and above which every vector stayed within 1.10 (a margin under the gate). evals/stability.py's
 STABLE_RATIO comes from that. Exit status: 0 when every vector is within the verifier's dispersion limit (1.15,
-evals/stability.py's DISPERSION_LIMIT), 1 when one is not, 2 on bad usage.
+evals/stability.py's DISPERSION_LIMIT), 1 when one is not, 2 on bad usage (a task timed by another protocol than
+eager-groups, such as graph-paired, included: it declares no qualify stage).
 """
 from __future__ import annotations
 
@@ -304,6 +305,16 @@ def format_curve(found: dict) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------- entry point
+def require_eager_groups(task: tasks.Task) -> None:
+    """The qualification is the eager-groups protocol's: a task timed by another protocol is refused (ValueError)."""
+    timing = task.manifest["timing"]
+    if timing != "eager-groups":
+        raise ValueError(f"task {task.name} is timed by the {timing} protocol, and the qualification times only the "
+                         "eager-groups protocol's schedule (the verifier's groups of eager calls), which does not "
+                         f"judge it: a {timing} task declares no qualify stage (graph replay keeps the host's cost out "
+                         "of the timed region, so there is no host-bound dispersion to qualify)")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["child"]:
@@ -343,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--repeats must be at least 1; got {args.repeats}")
     try:
         task = tasks.load(args.task)
+        require_eager_groups(task)
         if args.synthetic:
             spins = [float(v) for v in args.synthetic.split(",")]
             if not spins or min(spins) <= 0:

@@ -6,12 +6,25 @@ task's baseline.
     .venv/bin/python -m evals.selfcheck [--task NAME|DIR] --list-cases [--panel visible|smoke|FILE]
 
 Never raises for a bad candidate: a failure at any stage becomes the case's ``error`` field (stage, name, message).
-On CUDA each case also records its host cost and GPU time per call and whether the GPU time clears the host cost
-by the calibrated ratio (evals/stability.py), the GPU time with as many distinct inputs as the verifier's pool: a
-host-bound case fails the verifier's dispersion gate on noisy hosts, so the loop keeps a candidate with one only when
-the timing under the verifier's own schedule (evals/qualify.py) holds it (agent/stability.py). Exit status 0 only
-when every case is correct. Without CUDA it runs CPU tensors under the Triton interpreter and says that its timings
-are not GPU timings.
+The timing follows the task's protocol (its manifest's ``timing``):
+
+- eager-groups: the candidate and the baseline timed in alternating groups of calls. On CUDA each case also records
+  its host cost and GPU time per call and whether the GPU time clears the host cost by the calibrated ratio
+  (evals/stability.py), the GPU time with as many distinct inputs as the verifier's pool: a host-bound case fails the
+  verifier's dispersion gate on noisy hosts, so the loop keeps a candidate with one only when the timing under the
+  verifier's own schedule (evals/qualify.py) holds it (agent/stability.py).
+- graph-paired: ``evals.graph_timing.paired(candidate, baseline)``, CUDA-graph replay in pairs, hot and L2-flushed.
+  ``median_us``, ``baseline_median_us`` and ``times_us`` are the hot regime's (the candidate's per-replay us per
+  call), ``speedup`` the smaller of the hot and the flushed ratio, ``hot`` and ``flushed`` each regime's record
+  (medians, ratio, interquartile spreads p75/p25, the series), ``spread`` the larger of the candidate's two spreads
+  minus 1 (the noise agent/evaluate.py's compare weighs), GB/s and %copy the flushed median's (the hot replays read
+  the weight from the L2). The inputs are drawn afresh before every pair, and the candidate's graph outputs are
+  checked against the oracle after the first pairs and the last of each regime (``checks["graph_outputs"]``). Graph
+  replay keeps the host out of the timed region, so no host-bound probe runs: ``stable`` is True and says why.
+  Without CUDA there are no graphs: the pairs run eagerly with the same record (interpreter wall times).
+
+Exit status 0 only when every case is correct. Without CUDA it runs CPU tensors under the Triton interpreter and
+says that its timings are not GPU timings.
 """
 from __future__ import annotations
 
@@ -23,8 +36,10 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import torch
+
+from evals import graph_timing, stability
 from evals import kernel_harness as kh
-from evals import stability
 from evals import task as tasks
 from evals.loader import load_solution, resolve_solution_dir
 # what candidate code may raise that must become a record: SystemExit too (exit(0) must not end the evaluator
@@ -63,6 +78,33 @@ class CaseResult:
     device_ratio: float | None = None
     stable: bool | None = None
     stable_note: str = "not measured"
+    # graph-paired only (a report of another protocol leaves them out): each regime's record and the candidate's noise
+    hot: dict | None = None
+    flushed: dict | None = None
+    spread: float | None = None
+
+
+GRAPH_FIELDS = ("hot", "flushed", "spread")
+PAIR_SEED = 100  # graph-paired: pair p's call inputs are the seeded draw PAIR_SEED + p
+UNMEASURED = "not measured: no CUDA (interpreter)"
+
+
+def graph_paired(task: tasks.Task) -> bool:
+    return task.manifest["timing"] == graph_timing.PROTOCOL
+
+
+def graph_plan(device) -> graph_timing.Plan:
+    """The graph-paired counts: the protocol's on CUDA, the smoke counts under the interpreter."""
+    return graph_timing.FULL if device.type == "cuda" else graph_timing.SMOKE
+
+
+def case_record(result: "CaseResult", task: tasks.Task) -> dict:
+    """A case as the report holds it; the graph-paired fields only in a graph-paired task's report."""
+    record = asdict(result)
+    if not graph_paired(task):
+        for name in GRAPH_FIELDS:
+            del record[name]
+    return record
 
 
 def error_record(stage: str, exc: BaseException) -> dict:
@@ -108,6 +150,8 @@ def stability_summary(results: list[CaseResult]) -> dict:
             r.stable_note.startswith("not measured: no CUDA") for r in results) else "no case was timed")
     elif unstable:
         note = "; ".join(f"{r.case['name']}: {r.stable_note}" for r in unstable)
+    elif all(r.stable_note == graph_timing.GRAPH_NOTE for r in measured):
+        note = graph_timing.GRAPH_NOTE
     else:
         note = f"every case's GPU time is at least {stability.STABLE_RATIO:.2f}x its host cost"
     return {"measured": bool(measured), "ratio_min": stability.STABLE_RATIO, "limit": stability.DISPERSION_LIMIT,
@@ -130,7 +174,10 @@ def check_mode(task: tasks.Task, module, case, mode: str, device, config: dict |
 def evaluate_case(task: tasks.Task, module, baseline, case, device, plan: TimingPlan,
                   copy_gbps: float | None) -> CaseResult:
     """One case: correctness in every regime, then the candidate and ``baseline`` (``(weights, case) -> callable``)
-    timed in alternating groups, the check after timing and, on CUDA, the host-bound probe."""
+    timed in alternating groups, the check after timing and, on CUDA, the host-bound probe; for a graph-paired task
+    the two timed by ``time_paired`` instead, and no probe."""
+    if graph_paired(task):
+        return evaluate_paired(task, module, baseline, case, device, copy_gbps)
     adapter = task.adapter
     result = CaseResult(case=kh.case_dict(case), bytes=adapter.bytes_moved(case))
     stage = "correctness"
@@ -177,6 +224,82 @@ def evaluate_case(task: tasks.Task, module, baseline, case, device, plan: Timing
     return result
 
 
+def evaluate_paired(task: tasks.Task, module, baseline, case, device, copy_gbps: float | None) -> CaseResult:
+    """``evaluate_case`` for a graph-paired task: correctness in every regime, the candidate paired with ``baseline``
+    (``time_paired``), the check after timing."""
+    adapter = task.adapter
+    result = CaseResult(case=kh.case_dict(case), bytes=adapter.bytes_moved(case))
+    stage = "correctness"
+    try:
+        fn = None
+        for mode in adapter.MODES:
+            stage = f"correctness ({mode})"
+            result.checks[mode], built = check_mode(task, module, case, mode, device)
+            fn = built or fn
+        result.correct = all(check["ok"] for check in result.checks.values())
+        if not result.correct:
+            return result
+        stage = "timing (graph-paired)"
+        weights = adapter.generate(case, "normal", device).weights
+        found, result.checks["graph_outputs"] = time_paired(task, fn, baseline(weights, case), case, weights, device)
+        stage = "correctness (after timing)"  # a solution honest only for its first calls fails here
+        after = adapter.make_inputs(case, 1, seed=9, device=device)[0]
+        ref = adapter.reference(weights, after, case)
+        result.checks["after_timing"] = adapter.check_output(fn(*after), ref, case).to_dict()
+        result.correct = result.checks["after_timing"]["ok"] and result.checks["graph_outputs"]["ok"]
+        hot, flushed = found["hot"], found["flushed"]
+        result.hot, result.flushed = hot, flushed
+        result.times_us = hot["candidate_times_us"]
+        result.median_us, result.baseline_median_us = hot["candidate_us"], hot["baseline_us"]
+        result.speedup = found["speedup"]
+        spreads = (hot["candidate_spread"], flushed["candidate_spread"])
+        result.spread = None if None in spreads else max(spreads) - 1
+        result.gbps = result.bytes / flushed["candidate_us"] / 1e3  # from HBM: the hot replays may read the L2
+        if copy_gbps:
+            result.roofline_fraction = result.gbps / copy_gbps
+        result.stable, result.stable_note = (True, graph_timing.GRAPH_NOTE) if found["graphs"] else (None, UNMEASURED)
+    except CANDIDATE_ERRORS as exc:  # a bad candidate is a result, never a crash of the evaluator
+        result.correct = False
+        result.error = error_record(stage, exc)
+    return result
+
+
+def time_paired(task: tasks.Task, fn, base_fn, case, weights: dict, device) -> tuple[dict, dict]:
+    """The candidate ``fn`` paired with ``base_fn`` (``graph_timing.paired``) on ``graph_plan``'s count of static
+    call inputs, rewritten in place before pair p with the seeded draw PAIR_SEED + p; the candidate's outputs checked
+    against the oracle (on that draw) where ``paired`` hands them over. Returns (paired's record, the check's record:
+    the first failing output's, else a passing one)."""
+    adapter = task.adapter
+    plan = graph_plan(device)
+    static = adapter.make_inputs(case, plan.hot_calls, seed=1, device=device)
+    drawn: list[tuple] = []
+
+    def refill(pair: int) -> None:
+        drawn[:] = adapter.make_inputs(case, len(static), seed=PAIR_SEED + pair, device=device)
+        for inputs, values in zip(static, drawn):
+            for target, value in zip(inputs, values, strict=True):
+                if isinstance(target, torch.Tensor):
+                    target.copy_(value)
+
+    checked, failures = [], []
+
+    def check(name: str, regime: str, pair: int, outputs: list) -> None:
+        if name != "candidate":
+            return
+        for j, out in enumerate(outputs):
+            found = adapter.check_output(out, adapter.reference(weights, drawn[j % len(drawn)], case), case)
+            checked.append(found)
+            if not found.ok:
+                failures.append(found.to_dict() | {"message": f"{regime} graph output {j} after pair {pair}: "
+                                                              f"{found.message}"})
+
+    found = graph_timing.paired(fn, base_fn, static, refill, check, names=("candidate", "baseline"), plan=plan)
+    verdict = failures[0] if failures else {
+        "ok": True, "message": f"{len(checked)} graph outputs of fresh draws within the bound", "bad_elements": 0,
+        "worst_excess": max((c.worst_excess for c in checked), default=0.0)}
+    return found, verdict
+
+
 def run(solution: Path, panel: str, baseline_dir: Path | None = None, log=print, enforce_policy: bool = True,
         task: tasks.Task | None = None, progress=lambda name: None) -> dict:
     """The selfcheck report of ``solution`` on the task's panel, against ``baseline_dir`` (default: the task's
@@ -191,11 +314,16 @@ def run(solution: Path, panel: str, baseline_dir: Path | None = None, log=print,
     cases = task.cases(panel)
     plan = TimingPlan.for_device(info.interpreted)
     baseline, label = tasks.baseline_builder(task, baseline_dir)
+    timing, note = asdict(plan), ("interpreter wall time, not GPU timing" if info.interpreted
+                                  else "CUDA events, median of groups")
+    if graph_paired(task):
+        timing = {"protocol": graph_timing.PROTOCOL, "graphs": not info.interpreted, **asdict(graph_plan(info.device))}
+        note = (graph_timing.EAGER_NOTE if info.interpreted else "CUDA-graph replay, the candidate paired with the "
+                "baseline, hot and L2-flushed: medians of the hot replays; speedup = min(hot ratio, flushed ratio)")
     report = {"task": task.name, "solution": str(solution), "baseline": label, "panel": str(panel),
               "device": info.name,
-              "interpreted": info.interpreted, "timing": asdict(plan),
-              "timing_note": ("interpreter wall time, not GPU timing" if info.interpreted
-                              else "CUDA events, median of groups"),
+              "interpreted": info.interpreted, "timing": timing,
+              "timing_note": note,
               "copy_gbps": kh.copy_bandwidth_gbps(info.device), "cases": []}
     try:
         module = load_solution(solution, enforce_policy=enforce_policy, entry=task.entry)
@@ -206,35 +334,42 @@ def run(solution: Path, panel: str, baseline_dir: Path | None = None, log=print,
                    for case in cases]
     else:
         results = []
-        log(header(task.adapter.MODES))
+        log(header(task.adapter.MODES, graph_paired(task)))
         for case in cases:
             progress(case.name)
             results.append(evaluate_case(task, module, baseline, case, info.device, plan, report["copy_gbps"]))
-            log(format_row(results[-1], task.adapter.MODES))
-    report["cases"] = [asdict(r) for r in results]
+            log(format_row(results[-1], task.adapter.MODES, graph_paired(task)))
+    report["cases"] = [case_record(r, task) for r in results]
     report.update(summarize(results))
     return report
 
 
-def header(modes: tuple[str, ...]) -> str:
-    """The table's header: a column per input regime of the task (its first six letters)."""
+def header(modes: tuple[str, ...], paired: bool = False) -> str:
+    """The table's header: a column per input regime of the task (its first six letters); a graph-paired task's table
+    has each regime's ratio and the candidate's spread where the host-bound probe's host and GPU times stand."""
     return (f"{'case':<26} {'stratum':<12} " + "".join(f"{mode[:6]:>7} " for mode in modes)
-            + f"{'median_us':>10} {'GB/s':>8} {'%copy':>6} {'base_us':>9} {'speedup':>8} {'host_us':>8} {'gpu_us':>8} "
-              f"{'stable':>6}")
+            + f"{'median_us':>10} {'GB/s':>8} {'%copy':>6} {'base_us':>9} {'speedup':>8} "
+            + (f"{'hot_x':>8} {'flush_x':>8} {'spread':>6} " if paired else f"{'host_us':>8} {'gpu_us':>8} ")
+            + f"{'stable':>6}")
 
 
-def format_row(r: CaseResult, modes: tuple[str, ...]) -> str:
+def format_row(r: CaseResult, modes: tuple[str, ...], paired: bool = False) -> str:
     def ok(mode: str) -> str:
         check = r.checks.get(mode)
         return "-" if check is None else ("ok" if check["ok"] else "FAIL")
 
     num = kh.cell
 
+    if paired:  # each regime's ratio and the candidate's spread
+        middle = (f"{num((r.hot or {}).get('ratio'), '.3f'):>8} {num((r.flushed or {}).get('ratio'), '.3f'):>8} "
+                  f"{num(r.spread, '.3f'):>6} ")
+    else:
+        middle = f"{num(r.host_us, '.2f'):>8} {num(r.gpu_us, '.2f'):>8} "
     line = (f"{r.case['name']:<26} {r.case['stratum']:<12} " + "".join(f"{ok(mode):>7} " for mode in modes)
             + f"{num(r.median_us, '.2f'):>10} {num(r.gbps, '.1f'):>8} "
             f"{num(r.roofline_fraction and 100 * r.roofline_fraction, '.1f'):>6} "
-            f"{num(r.baseline_median_us, '.2f'):>9} {num(r.speedup, '.3f'):>8} {num(r.host_us, '.2f'):>8} "
-            f"{num(r.gpu_us, '.2f'):>8} {'-' if r.stable is None else ('yes' if r.stable else 'NO'):>6}")
+            f"{num(r.baseline_median_us, '.2f'):>9} {num(r.speedup, '.3f'):>8} " + middle
+            + f"{'-' if r.stable is None else ('yes' if r.stable else 'NO'):>6}")
     if r.stable is False:
         line += f"\n    unstable: {r.stable_note}"
     if r.error:
@@ -252,7 +387,10 @@ def print_summary(report: dict) -> None:
     bw = "" if report["copy_gbps"] is None else f"; copy bandwidth {report['copy_gbps']:.0f} GB/s"
     print(f"speedup over the baseline by stratum (geomean): {strata}; score (harmonic mean): {score}{bw}")
     stable = report.get("stability") or {}
-    if stable.get("measured"):
+    if report["timing"].get("protocol") == graph_timing.PROTOCOL:
+        if stable.get("measured"):  # off CUDA the note below says how it timed
+            print(f"timing: graph-paired, {report['timing_note']}; stability: {stable['note']}")
+    elif stable.get("measured"):
         print(f"stability (GPU time >= {stable['ratio_min']:.2f}x host cost per call): "
               + ("every case" if stable["stable"] else "NOT " + ", ".join(stable["unstable_cases"])))
     if report["interpreted"]:

@@ -45,8 +45,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 TASKS_DIR = ROOT / "tasks"
 DEFAULT_TASK = "w4a16"
-# the verifier's protocol (tasks/w4a16/spec.md's schedule); another protocol needs its timer here first
-TIMING_PROTOCOLS = ("eager-groups",)
+# the timing protocols this evaluator implements (a manifest's "timing"); another protocol needs its timer here first
+TIMING_PROTOCOLS = {
+    "eager-groups": "the verifier's groups of eager calls, three roles per case (tasks/w4a16/spec.md's schedule)",
+    "graph-paired": "CUDA-graph replay, the candidate paired with the baseline in one process, hot and L2-flushed "
+                    "(evals/graph_timing.py)",
+}
 
 
 class TaskError(ValueError):
@@ -165,7 +169,12 @@ def read_manifest(folder: Path) -> dict:
         raise TaskError(f"{folder / 'task.json'} lacks {missing} (README.md, 'Add your own task', lists the fields)")
     if manifest["timing"] not in TIMING_PROTOCOLS:
         raise TaskError(f"{folder / 'task.json'}: timing {manifest['timing']!r} is not a protocol this evaluator "
-                        f"implements ({', '.join(TIMING_PROTOCOLS)})")
+                        "implements; give one of:\n" + "\n".join(f"  {name}: {what}"
+                                                               for name, what in TIMING_PROTOCOLS.items()))
+    if manifest["timing"] == "graph-paired" and "qualify" in manifest["stages"]:
+        raise TaskError(f"{folder / 'task.json'}: a graph-paired task has no qualify stage (the qualification times "
+                        "the eager-groups schedule; graph replay keeps the host out of the timed region): remove "
+                        "qualify from its stages")
     if manifest["stages"][:2] != ["policy", "selfcheck"]:  # the checks after them are the task's own to name
         raise TaskError(f"{folder / 'task.json'}: stages must start with policy, selfcheck; got {manifest['stages']}")
     if set(manifest["baseline"]) not in ({"version"}, {"callable"}):

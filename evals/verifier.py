@@ -1,4 +1,4 @@
-"""The sealed judge of a task's spec: every hard gate, then three timed roles per case, then the score.
+"""The sealed judge of a task's spec: every hard gate, then the task's timing protocol per case, then the score.
 
     .venv/bin/python -m evals.verifier [--task NAME|DIR] --solution DIR --panel FILE [--baseline DIR] [--json OUT]
                                        [--gates-only [--jobs N]]
@@ -11,14 +11,26 @@ baseline and the sealed-panel generator; this module and evals/gates.py know no 
 early still leaves the cases it judged; the last write is the full report.
 
 This process never imports candidate code. It runs the source policy (evals/policy.py) itself, and for each case starts
-one process per role (``python -m evals.verifier role ...``, evals/gates.py) in a scratch directory: the baseline
-"before", the candidate, the baseline "after", each with the timing protocol's full schedule. The baseline is the task's
-(its manifest's version, or the adapter's callable, which a role runs with ``--baseline-callable``), or the solution
-given by ``--baseline``. Dispersion: each role's 11 group times have max/min <= 1.15 and the two baseline medians agree
-within 1.15, with no retry and no trimming. Case score = sqrt(before * after) / candidate; geometric mean per stratum;
-harmonic mean across strata. Exit status 0 only for a valid submission (every gate passed, none skipped). A source that
-the policy rejects is invalid whatever it does, so a full run does not time it: its role gates are skipped and policy is
-the failed gate.
+role processes (``python -m evals.verifier role ...``, evals/gates.py) in a scratch directory, as the task's timing
+protocol (its manifest's ``timing``, the report's ``timing``) says. The baseline is the task's (its manifest's version,
+or the adapter's callable, which a role runs with ``--baseline-callable``), or the solution given by ``--baseline``.
+
+- eager-groups: three roles per case, the baseline "before", the candidate, the baseline "after", each with the
+  protocol's full schedule. Dispersion: each role's 11 group times have max/min <= 1.15, and baseline_agreement: the
+  two baseline medians agree within 1.15, with no retry and no trimming. Case score = sqrt(before * after) /
+  candidate.
+- graph-paired: one role per case, the candidate's, which runs every gate and then times the candidate paired with
+  the baseline in its own process (evals/graph_timing.py: CUDA-graph replay, hot and L2-flushed, the baseline loaded
+  and captured before the candidate; a role runs with ``--pair-with DIR`` where the baseline is a solution).
+  Dispersion: each of the four series (candidate and baseline, hot and flushed) has an interquartile spread p75/p25 <=
+  1.15, and baseline_agreement: the baseline's medians over the first and the second half of the pairs agree within
+  1.15 in each regime; a missing series fails both. Case score = min(hot ratio, flushed ratio), each the baseline's
+  median over the candidate's: a speedup counts only where it holds in both regimes. timing_sanity holds the flushed
+  median alone to the copy-bandwidth roofline.
+
+Geometric mean per stratum; harmonic mean across strata. Exit status 0 only for a valid submission (every gate
+passed, none skipped). A source that the policy rejects is invalid whatever it does, so a full run does not time it:
+its role gates are skipped and policy is the failed gate.
 
 ``--gates-only`` runs the candidate role alone, every gate but the timing ones (even when the policy failed: the
 role's dynamic evidence shows what the code does); without CUDA on CPU tensors under the Triton interpreter,
@@ -28,9 +40,10 @@ A case the verifier itself cannot set up (a seed whose construction the task's a
 case_setup gate with the verifier's message; that is a panel problem to re-draw, not a failure of the candidate.
 A hidden ``--schedule smoke`` shrinks the schedule so that CPU tests of the whole pipeline finish; it never scores.
 
-A failed dispersion gate says why where it can: after its timed groups the candidate role measures its host cost and
-GPU time per call (evals/stability.py), and the gate's evidence names a host-bound candidate (GPU time below the host
-cost, or under the calibrated ratio). The verdict does not change: the gate still fails.
+A failed eager-groups dispersion gate says why where it can: after its timed groups the candidate role measures its
+host cost and GPU time per call (evals/stability.py), and the gate's evidence names a host-bound candidate (GPU time
+below the host cost, or under the calibrated ratio). The verdict does not change: the gate still fails. (Graph replay
+keeps the host out of the timed region: a graph-paired role measures no host cost.)
 Stabilizers (the timing protocol's advice), on the verifier's side only: the cyclic garbage collector is disabled
 during the timed groups, and each timing role on CUDA pins itself to one core with os.sched_setaffinity where the OS
 has it. The hidden ``--schedule spec-unpinned`` (no pinning) and ``--schedule spec-thread-pinned`` (the timing
@@ -41,7 +54,8 @@ killed by a time limit leaves nothing running on the GPU.
 The input schedule is a pool of 512 distinct call inputs (one per call of a timed group), drawn from the case's seed;
 before each timed group, outside its timed region, the pool is rewritten in place with the group's own seeded draw:
 identical for all three roles, fresh for each case and group, and no call input (address, _version or contents)
-repeats within a group or between groups, so a cache of outputs never pays off.
+repeats within a group or between groups, so a cache of outputs never pays off. Under graph-paired the pool is the
+graphs' static call inputs, rewritten the same way before every pair (the draw of the pair's index).
 """
 from __future__ import annotations
 
@@ -58,7 +72,7 @@ from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 
-from evals import gate_spies, gates, stability
+from evals import gate_spies, gates, graph_timing, stability
 from evals import kernel_harness as kh
 from evals import task as tasks
 from evals.gates import SETUP_STAGE, role_gates
@@ -79,14 +93,15 @@ _ROLE_IDS = itertools.count()  # unique record names when roles run at once
 
 # ----------------------------------------------------------------------------------------------------- roles
 def run_role_process(task: tasks.Task, solution: Path | None, case, schedule: str, timing: bool,
-                     scratch: Path) -> dict:
-    """One role in a fresh process (``solution`` None: the task's callable baseline); a crash, a hang or a missing
-    record becomes an error record."""
+                     scratch: Path, pair_with: Path | None = None) -> dict:
+    """One role in a fresh process (``solution`` None: the task's callable baseline; a graph-paired task's timing
+    pairs it with ``pair_with``, None: the task's baseline); a crash, a hang or a missing record becomes an error
+    record."""
     out = scratch / f"role-{os.getpid()}-{next(_ROLE_IDS)}-{case.name}.json"
     command = ([sys.executable, "-m", "evals.verifier", "role", "--task", str(task.folder)]
                + (["--solution", str(solution)] if solution is not None else ["--baseline-callable"])
                + ["--case", json.dumps(asdict(case)), "--schedule", schedule, "--out", str(out)]
-               + (["--timing"] if timing else []))
+               + (["--timing"] if timing else []) + (["--pair-with", str(pair_with)] if pair_with is not None else []))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                KLOOP_VERIFIER_PID=str(os.getpid()))
     try:
@@ -117,6 +132,8 @@ def role_main(argv: list[str]) -> int:
     parser.add_argument("--case", required=True, help="the case as JSON")
     parser.add_argument("--schedule", default="spec")
     parser.add_argument("--timing", action="store_true")
+    parser.add_argument("--pair-with", help="graph-paired: the yardstick solution the timing pairs this role with "
+                                            "(default: the task's baseline)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     gate_spies.die_with_parent(os.environ.get("KLOOP_VERIFIER_PID"))
@@ -124,7 +141,8 @@ def role_main(argv: list[str]) -> int:
     task = tasks.load(args.task)
     solution = None if args.baseline_callable else resolve_solution_dir(args.solution)
     record = gates.run_role(task, solution, task.adapter.Case(**json.loads(args.case)), gates.SCHEDULES[args.schedule],
-                            args.timing)
+                            args.timing, Path(args.pair_with) if args.pair_with else None,
+                            gates.graph_plan(args.schedule))
     out.write(json.dumps(record, default=str))
     out.close()
     return 0
@@ -182,12 +200,15 @@ def judge_case(task: tasks.Task, case, roles: dict[str, dict], policy: dict, gat
             f"not evaluated: {', '.join(missing)}"
             + (f" ({candidate['error']['message'][:300]})" if candidate.get("error") else "")
             if missing or crash else f"every gate ran on {case.name}"]}
-    medians = {role: r.get("median_us") for role, r in roles.items()}
+    paired = task.manifest["timing"] == graph_timing.PROTOCOL
+    medians = paired_medians(candidate) if paired else {role: r.get("median_us") for role, r in roles.items()}
     ratio = None
     if gates_only or candidate.get("median_us") is None:
         reason = "a timing gate: not run with --gates-only" if gates_only else "the candidate was not timed"
         for name in ("dispersion", "baseline_agreement"):
             gates[name] = {"status": "skip", "evidence": [reason]}
+    elif paired:
+        ratio = judge_paired(candidate, gates)
     else:
         spreads = {role: dispersion(r.get("times_us") or []) for role, r in roles.items()}
         bad = [role for role in ROLES if spreads.get(role) is None or spreads[role] > DISPERSION_LIMIT]
@@ -212,6 +233,54 @@ def judge_case(task: tasks.Task, case, roles: dict[str, dict], policy: dict, gat
     skipped = [name for name, gate in gates.items() if gate["status"] == "skip"]
     return {"case": kh.case_dict(case), "gates": gates, "failed": failed, "skipped": skipped, "medians_us": medians,
             "ratio": ratio, "score": None if failed else ratio, "roles": roles}
+
+
+PAIRED_SERIES = (("hot", "candidate"), ("hot", "baseline"), ("flushed", "candidate"), ("flushed", "baseline"))
+
+
+def paired_series(record: dict, regime: str, who: str) -> list[float] | None:
+    """One series of a graph-paired role's record (us per call per replay); None where it is missing or empty."""
+    values = ((record.get("paired") or {}).get(regime) or {}).get(f"{who}_times_us")
+    return list(values) if values else None
+
+
+def paired_medians(record: dict) -> dict[str, float | None]:
+    """A graph-paired case's medians by series: ``<who>_<regime>`` (None where a series is missing)."""
+    found = {}
+    for regime, who in PAIRED_SERIES:
+        values = paired_series(record, regime, who)
+        found[f"{who}_{regime}"] = kh.median(values) if values else None
+    return found
+
+
+def judge_paired(record: dict, gates: dict) -> float | None:
+    """The graph-paired timing gates from the candidate role's series (fail-closed: a missing series fails), and
+    the case ratio: the smaller of the two regimes' baseline median / candidate median (None unless both exist).
+
+    dispersion: every one of the four series' interquartile spread p75/p25 <= DISPERSION_LIMIT (a failure lists the
+    failing series replay by replay); baseline_agreement: the baseline's medians over the first and the second half
+    of the pairs within DISPERSION_LIMIT of each other, in each regime."""
+    spreads = {(regime, who): graph_timing.spread(paired_series(record, regime, who))
+               for regime, who in PAIRED_SERIES}
+    bad = [(regime, who) for (regime, who), value in spreads.items() if value is None or value > DISPERSION_LIMIT]
+    gates["dispersion"] = {"status": "fail" if bad else "pass", "evidence": [
+        ", ".join(f"{regime} {who} p75/p25 {kh.cell(value, '.3f')}" for (regime, who), value in spreads.items())
+        + (f"; over {DISPERSION_LIMIT} or missing: {', '.join(f'{r} {w}' for r, w in bad)}" if bad else "")]
+        + [f"{regime} {who} replays (us per call): " + " ".join(f"{t:.2f}" for t in values)
+           for regime, who in bad if (values := paired_series(record, regime, who))]}
+    lines, agree = [], True
+    for regime in ("hot", "flushed"):
+        halves = graph_timing.halves(paired_series(record, regime, "baseline"))
+        within = bool(halves) and min(halves) > 0 and max(halves) / min(halves) <= DISPERSION_LIMIT
+        agree = agree and within
+        lines.append(f"{regime} baseline halves " + (f"{halves[0]:.2f} us and {halves[1]:.2f} us" if halves
+                                                     else "missing") + ("" if within else " (disagree)"))
+    gates["baseline_agreement"] = {"status": "pass" if agree else "fail", "evidence": [
+        "; ".join(lines) + ("" if agree else f": not within {DISPERSION_LIMIT}x of each other, or missing")]}
+    medians = paired_medians(record)
+    ratios = [medians[f"baseline_{regime}"] / medians[f"candidate_{regime}"] for regime in ("hot", "flushed")
+              if medians[f"baseline_{regime}"] and medians[f"candidate_{regime}"]]
+    return min(ratios) if len(ratios) == 2 else None
 
 
 def summarize(cases: list[dict], gates_only: bool, task: tasks.Task | None = None) -> dict:
@@ -246,11 +315,12 @@ def judge(task: tasks.Task, solution: Path, panel: str, baseline: Path | None, g
     policy = policy_gate(solution)
     log(f"{info.message}\npolicy: {policy['status']}"
         + ("" if policy["status"] == "pass" else "\n    " + "\n    ".join(policy["evidence"][:10])))
-    log(HEADER)
+    paired = task.manifest["timing"] == graph_timing.PROTOCOL
+    log(PAIRED_HEADER if paired else HEADER)
     head = {"task": task.name, "limit": DISPERSION_LIMIT, "solution": str(solution),
             "baseline": solution_label(task, baseline),
             "panel": str(panel), "device": info.name, **provenance(), "mode": "gates-only" if gates_only else "full",
-            "schedule": schedule}
+            "schedule": schedule, "timing": task.manifest["timing"]}
     judged = []
     with tempfile.TemporaryDirectory(prefix="kloop-verifier-") as scratch:
         untimed = []  # by position: two cases of a panel may share a name (same shape, other seeds)
@@ -265,6 +335,9 @@ def judge(task: tasks.Task, solution: Path, panel: str, baseline: Path | None, g
                 roles = {"candidate": not_run_record(task, case, solution,
                                                      "not run: the source policy rejected the solution, so it is not "
                                                      "timed (--gates-only still runs it for evidence)")}
+            elif paired:  # one role: the baseline is timed beside the candidate, in its process
+                roles = {"candidate": run_role_process(task, solution, case, schedule, True, Path(scratch),
+                                                       pair_with=baseline)}
             else:
                 roles = {"baseline_before": run_role_process(task, baseline, case, schedule, True, Path(scratch))}
                 roles["candidate"] = run_role_process(task, solution, case, schedule, True, Path(scratch))
@@ -295,6 +368,8 @@ def provenance() -> dict:
 
 
 HEADER = f"{'case':<26} {'stratum':<12} {'before_us':>10} {'cand_us':>10} {'after_us':>10} {'score':>7}  gates"
+PAIRED_HEADER = (f"{'case':<26} {'stratum':<12} {'cand_hot':>9} {'base_hot':>9} {'hot_x':>7} {'cand_fl':>9} "
+                 f"{'base_fl':>9} {'flush_x':>7} {'score':>7}  gates")
 
 
 def format_row(c: dict) -> str:
@@ -302,12 +377,23 @@ def format_row(c: dict) -> str:
 
     m = c["medians_us"]
     verdict = "ok" if not c["failed"] else "FAIL " + ", ".join(c["failed"])
-    line = (f"{c['case']['name']:<26} {c['case']['stratum']:<12} {num(m.get('baseline_before')):>10} "
-            f"{num(m.get('candidate')):>10} {num(m.get('baseline_after')):>10} {num(c['score'], '.3f'):>7}  {verdict}")
+    if "candidate_hot" in m:  # graph-paired: each regime's medians and ratio
+        def ratio(regime: str) -> float | None:
+            base, cand = m.get(f"baseline_{regime}"), m.get(f"candidate_{regime}")
+            return base / cand if base and cand else None
+
+        line = (f"{c['case']['name']:<26} {c['case']['stratum']:<12} {num(m['candidate_hot']):>9} "
+                f"{num(m.get('baseline_hot')):>9} {num(ratio('hot'), '.3f'):>7} {num(m.get('candidate_flushed')):>9} "
+                f"{num(m.get('baseline_flushed')):>9} {num(ratio('flushed'), '.3f'):>7} {num(c['score'], '.3f'):>7}  "
+                f"{verdict}")
+    else:
+        line = (f"{c['case']['name']:<26} {c['case']['stratum']:<12} {num(m.get('baseline_before')):>10} "
+                f"{num(m.get('candidate')):>10} {num(m.get('baseline_after')):>10} {num(c['score'], '.3f'):>7}  "
+                f"{verdict}")
     for name in c["failed"]:
         evidence = c["gates"][name]["evidence"]
         line += f"\n    {name}: {str(evidence[0])[:400] if evidence else ''}"
-        if name == "dispersion":  # each role's groups in order
+        if name == "dispersion":  # each failing role's groups (each failing series' replays) in order
             line += "".join(f"\n      {str(more)[:400]}" for more in evidence[1:])
     return line
 
@@ -321,6 +407,9 @@ def print_summary(report: dict) -> None:
         strata = ", ".join(f"{name} {kh.cell(v, '.3f')}" for name, v in report["strata"].items())
         print(f"score by stratum (geomean): {strata}; score (harmonic mean): "
               f"{kh.cell(report['score'], '.3f')}")
+    if report.get("timing") == graph_timing.PROTOCOL:
+        print("timing: graph-paired (CUDA-graph replay, the candidate paired with the baseline in one process; a "
+              "case's score is the smaller of its hot and flushed ratios)")
     if report["schedule"] not in ("spec", "smoke"):
         pin = gates.SCHEDULES[report["schedule"]].pin
         print(f"schedule: {report['schedule']} (pinning: {gates.PIN_MODES[pin]}): "

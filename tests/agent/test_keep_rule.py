@@ -50,6 +50,20 @@ def test_compare_keeps_by_the_task_score_not_by_a_geomean_over_cases():
     assert not compare(None)["keep"]
 
 
+def test_a_graph_paired_case_brings_its_own_spread_as_its_noise():
+    """A graph-paired selfcheck gives each case its ``spread`` (the candidate's larger interquartile spread minus 1):
+    that is the case's noise, whatever its hot replays' max/min; a case without one keeps max/min - 1."""
+    paired = report(1.03, [("balanced", 1.03)] * 3)
+    for case, spread in zip(paired["cases"], (0.04, 0.05, 0.06)):
+        case.update(spread=spread, times_us=[10.0, 10.1, 30.0])  # one stalled replay: max/min - 1 would be 2.0
+    verdict = compare(paired)
+    assert abs(verdict["noise"] - 0.05) < 1e-9 and not verdict["keep"]  # 1.03 is within the noise
+    assert compare(dict(paired, score=1.06))["keep"]
+    mixed = report(1.03, [("balanced", 1.03)] * 3)
+    mixed["cases"][0]["spread"] = 0.5  # the others fall back to max/min - 1 = 0.005
+    assert abs(compare(mixed)["noise"] - 0.005) < 1e-9
+
+
 def evaluator(tmp_path: Path, cuda: bool = True) -> Evaluator:
     task = Task.load(Path(__file__).resolve().parents[2])
     task = dataclasses.replace(task, policy_cmd=("-c", PASS), selfcheck_cmd=("-c", SELFCHECK), gates_cmd=("-c", PASS),
