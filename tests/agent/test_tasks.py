@@ -171,10 +171,11 @@ def test_an_unknown_task_or_one_sharing_anothers_records_is_refused_before_anyth
     for args in (["run", "--iters", "1", "--panel", str(panel), "--task", "nosuch"], ["status", "--task", "nosuch"],
                  ["promote", "v0", "--task", "nosuch"], ["clean-workspace", "--task", "nosuch"],
                  ["submit", str(project / "methods" / "main"), "--summary", "s", "--task", "nosuch"]):
-        refused(agent(project, *args), "no task 'nosuch': give a task name (w4a16) or a folder holding task.json")
+        refused(agent(project, *args),
+                "no task 'nosuch': give a task name (llgemm, w4a16) or a folder holding task.json")
     add_task(project, "other")
     refused(agent(project, "run", "--iters", "1", "--panel", str(panel), "--task", "nosuch"),
-            "no task 'nosuch': give a task name (other, w4a16) or a folder holding task.json")
+            "no task 'nosuch': give a task name (llgemm, other, w4a16) or a folder holding task.json")
     # a manifest whose ledger is W4A16's is refused; the default task it copies is not blocked by it
     add_task(project, "copycat", ledger="methods/experiment_log.md")
     done = agent(project, "run", "--iters", "1", "--panel", str(panel), "--task", "copycat")
