@@ -34,6 +34,10 @@ class IterationContext:
     """The run's last attempt as its state keeps it (decision inputs: failed stage, note, strata, score, ``stable``
     and the ``unstable`` cases with their strata), if any."""
     usage: Usage = field(default_factory=Usage)
+    iters: int | None = None
+    """The run's iteration limit (``iteration`` of ``iters``), when it has one."""
+    run: str | None = None
+    """The run's id, as its ledger rows name it."""
 
 
 class Proposer(Protocol):

@@ -391,6 +391,10 @@ class OfflineProposer:
         def known(proposal: str) -> bool:
             return (legacy_sha256(proposal.encode()) in tried
                     or identity({**helpers, "solution.py": proposal.encode()}) in tried)
+        if space.strategy == "per-table":
+            from agent.proposers import per_table  # it builds on this module's tables and moves
+
+            per_table.iterate(context, tools, source, tables, space, known)
         broken = failed_moves(rows, task)
         singles = single_moves(tables, context.profile, space, task, tier, focus)
         first: dict[tuple, Move] = {}

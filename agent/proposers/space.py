@@ -9,6 +9,7 @@ next to the tables::
         "only_when": {"KNOB": [{"OTHER": [values that let KNOB matter], ...}, ...]},
         "refused": [{"when": {"KNOB": [values], ...}, "reason": "..."}],
         "device_bound": {"KNOB": "up" | "down"},
+        "strategy": "coordinate" | "per-table",
     }
 
 - ``knobs`` (required, non-empty): the knobs to search, in the order to try them. ``values`` is a non-empty list of
@@ -26,6 +27,9 @@ next to the tables::
   values, "down": toward earlier ones) in which each call takes more GPU time without otherwise costing
   correctness. When cases of a stratum are host-bound (their GPU time does not clear the host cost, so the
   verifier's dispersion gate fails them), the next move is such a move in the table deciding those shapes.
+- ``strategy`` (optional): "coordinate" (the default: one knob of one table per attempt, agent.proposers.offline) or
+  "per-table" (a move of every table at once, each credited by the cases it holds: agent.proposers.per_table), for a
+  solution with a table per panel shape.
 
 Conditions name declared knobs or keys of ``get_config()``'s dict. Plain data only, except that int arithmetic
 (``1 << 40``, ``16 * 1024``) is folded first. Anything else raises ``ProposerError`` saying what is wrong and where.
@@ -46,6 +50,9 @@ from dataclasses import dataclass, field
 from agent.exceptions import ProposerError
 
 DIRECTIONS = ("up", "down")  # along a knob's declared values: toward later ones, toward earlier ones
+# how the offline proposer searches: one knob of one table per attempt (agent.proposers.offline), or every table at once
+# with per-case credit (agent.proposers.per_table)
+STRATEGIES = ("coordinate", "per-table")
 
 
 def range_keys(dims: Iterable[str]) -> tuple[str, ...]:
@@ -74,6 +81,7 @@ class Space:
     only_when: dict[str, list[dict[str, list]]] = field(default_factory=dict)
     refused: list[tuple[dict[str, list], str]] = field(default_factory=list)
     device_bound: dict[str, str] = field(default_factory=dict)  # knob -> "up" or "down" along its values
+    strategy: str = "coordinate"  # STRATEGIES
 
 
 # Triton launch knowledge, for a solution that declares no space; its own switches are for it to declare.
@@ -143,12 +151,14 @@ def read_space(source: str, ranges: Iterable[str]) -> Space:
         return Space({k: LAUNCH_KNOBS.get(k) or Knob(BLOCK_VALUES, BLOCK_UP.format(k), BLOCK_DOWN.format(k))
                       for k in launch})
     space = _plain_data(node)
-    _dict("", space, ("knobs",), ("only_when", "refused", "device_bound"))
+    _dict("", space, ("knobs",), ("only_when", "refused", "device_bound", "strategy"))
+    if space.get("strategy", "coordinate") not in STRATEGIES:
+        raise _fail("strategy", f"must be one of {', '.join(map(repr, STRATEGIES))}; got {space['strategy']!r}")
     knobs = _knobs(space["knobs"], tuple(ranges))
     names = set(knobs) | set(general)
     only_when = _only_when(space.get("only_when", {}), knobs, names)
     return Space(knobs, only_when, _refused(space.get("refused", []), names),
-                 _device_bound(space.get("device_bound", {}), knobs))
+                 _device_bound(space.get("device_bound", {}), knobs), space.get("strategy", "coordinate"))
 
 
 def _int_literal(node: ast.AST) -> bool:

@@ -1,0 +1,285 @@
+"""The per-table search: every tier of a solution searched at once, each by its own coordinate moves, each move
+credited by the panel's own per-case numbers. A solution asks for it with ``"strategy": "per-table"`` in its
+SEARCH_SPACE (``agent.proposers.space``); the offline proposer then hands each iteration here.
+
+A per-shape table (one tier per panel shape, as seed 002's tuning table has) gives the coordinate search of
+``agent.proposers.offline`` one knob of one table per attempt: fifty tables, several knobs, a few attempts each, far
+more attempts than a run makes. Here every table keeps its own incumbent, the best configuration measured for the
+cases it holds, and attempts are of two kinds:
+
+- a **step** gives every table that decides a panel shape (a tier, or the general table for the shapes no tier
+  holds) its incumbent plus one move: the next untried neighbour of
+  one knob (on along the direction that last won for that table first, then nearest first in the space's knob
+  order), so that one evaluation times a move of every table;
+- a **merge** gives every table its incumbent and moves nothing: only measured wins, so the loop's keep rule (faster
+  than the best beyond noise, both timed in one process) keeps it once the wins add up past the noise.
+
+A table's move wins, and becomes its incumbent, when every panel case the table holds ran at least ``1 + MARGIN``
+times faster than under its incumbent (speedups against the task's baseline, which each attempt measures paired in
+its own process, so two attempts' numbers compare). A merge follows a step whenever some incumbent differs from the
+best; otherwise another step. In the run's last iteration the merge also switches to the solution's fallback (a knob
+named ``FALLBACK`` with values ``[False, True]``, where the space declares one) every table whose incumbent runs slower
+than the baseline on every case it holds, as seed 002 kept a plan only where it won.
+
+Everything comes from the ledger and the snapshots (``versions/vN/solution.py`` and ``verdict.json``): the moves each
+step made against its parent (never tried again from the same value, in this run or a later one) and, for the attempts
+of this run since its last kept version, the numbers that make the incumbents. So a resumed run goes on where it
+stopped. Nothing here imports candidate code.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from agent.config import Task
+from agent.exceptions import LimitsExceeded
+from agent.ledger import ATTEMPT_ROW, parse_row
+from agent.proposers import IterationContext
+from agent.proposers.offline import Move, Shape, Table, find_tables, refused, render, single_moves
+from agent.proposers.space import Space
+from agent.tools import Tools
+
+STEP, MERGE = "per-table step", "per-table merge"
+MARGIN = 0.03
+"""A table's move wins when every case it holds ran at least this much faster than under its incumbent (seed 002's
+qualification margin)."""
+FALLBACK = "FALLBACK"
+SHOWN = 6  # changes a summary names before "and N more"
+
+
+@dataclass(frozen=True)
+class Change:
+    table: str
+    knob: str
+    old: object
+    new: object
+
+    def __str__(self) -> str:
+        return f"{self.table} {self.knob} {self.old}->{self.new}"
+
+
+@dataclass
+class Incumbent:
+    """A table's best measured configuration: its knob values, the numbers of the cases it holds, and the change that
+    made it (None: the best's own)."""
+
+    entries: dict
+    speedups: dict[str, float]
+    won: Change | None = None
+    changes: list[Change] = field(default_factory=list)  # against the best's table
+
+
+def changes(before: list[Table], after: list[Table]) -> list[Change]:
+    """The knob values that differ between two versions' tables of the same name."""
+    old = {t.name: t.entries for t in before}
+    found = []
+    for table in after:
+        for knob, value in table.entries.items():
+            was = old.get(table.name, {}).get(knob, value)
+            if was != value:
+                found.append(Change(table.name, knob, was, value))
+    return found
+
+
+def summarize(kind: str, moved: list[Change]) -> str:
+    shown = ", ".join(map(str, moved[:SHOWN])) + (f" and {len(moved) - SHOWN} more" if len(moved) > SHOWN else "")
+    return f"{kind}: {len({c.table for c in moved})} table(s): {shown}"
+
+
+class History:
+    """The ledger's rows and the snapshots they name, each read once."""
+
+    def __init__(self, tools: Tools, task: Task):
+        self.tools, self.task = tools, task
+        self.sources: dict[str, str | None] = {}
+        self.cases: dict[str, dict[str, float]] = {}
+        ledger = tools.read_file(task.ledger)["output"]
+        self.rows = [parse_row(line, task) for line in ledger.splitlines() if ATTEMPT_ROW.match(line)]
+
+    def source(self, version: str) -> str | None:
+        if version not in self.sources:
+            read = self.tools.read_file(f"{self.task.versions_dir}/{version}/solution.py")
+            self.sources[version] = None if read["returncode"] else read["output"]
+        return self.sources[version]
+
+    def speedups(self, version: str) -> dict[str, float]:
+        """Case name -> speedup against the baseline in that version's own selfcheck (its verdict's ``cases``; a case
+        that was wrong or raised has none)."""
+        if version not in self.cases:
+            read = self.tools.read_file(f"{self.task.versions_dir}/{version}/verdict.json")
+            try:
+                cases = (json.loads(read["output"]).get("cases") or []) if not read["returncode"] else []
+            except ValueError:
+                cases = []
+            self.cases[version] = _speedups({c.get("name"): c for c in cases if isinstance(c, dict)})
+        return self.cases[version]
+
+    def moved(self, row: dict) -> list[Change]:
+        """What a row's version changed against its parent (nothing when either snapshot is missing)."""
+        mine, theirs = self.source(row["version"]), self.source(row["parent"])
+        if mine is None or theirs is None:
+            return []
+        return changes(find_tables(theirs, self.task), find_tables(mine, self.task))
+
+
+def _speedups(cases: dict) -> dict[str, float]:
+    return {name: c["speedup"] for name, c in cases.items()
+            if name and c.get("correct") is not False and isinstance(c.get("speedup"), (int, float))
+            and c["speedup"] > 0}
+
+
+def panel_shapes(profile: dict | None, task: Task) -> dict[str, Shape]:
+    """Case name -> shape (stratum, each tier dimension) of the best's profiled panel."""
+    dims = tuple(task.tier_dims)
+    found = {}
+    for entry in (profile or {}).get("cases") or []:
+        case = entry.get("case") or {}
+        if case.get("name") and all(d in case for d in dims):
+            found[case["name"]] = (case.get("stratum"), *(case[d] for d in dims))
+    return found
+
+
+def held(table: Table, shapes: dict[str, Shape], tables: list[Table]) -> list[str]:
+    """The panel cases whose plan this table decides: the first tier holding a shape, else the general table."""
+    return [name for name, shape in shapes.items()
+            if next((t for t in tables[1:] if t.holds(shape)), tables[0]).name == table.name]
+
+
+def incumbents(history: History, run: str | None, tables: list[Table], shapes: dict[str, Shape],
+               best: dict[str, float]) -> dict[str, Incumbent]:
+    """Each table's incumbent: the best's own values and numbers, then every attempt of this run since its last kept
+    version in order, each table taking an attempt's values where every case it holds ran 1 + MARGIN faster."""
+    found = {t.name: Incumbent(dict(t.entries), {c: best[c] for c in held(t, shapes, tables) if c in best})
+             for t in tables}
+    mine = [row for row in history.rows if run is not None and row.get("run") == run]
+    kept = max((i for i, row in enumerate(mine) if row.get("decision", "").startswith("keep")), default=-1)
+    for row in mine[:kept + 1]:  # the kept versions' single changes per table: the direction that won there
+        if row.get("decision", "").startswith("keep"):
+            for table, moved in _by_table(history.moved(row)).items():
+                if table in found and len(moved) == 1:
+                    found[table].won = moved[0]
+    for row in mine[kept + 1:]:
+        source = history.source(row["version"])
+        if source is None:
+            continue
+        numbers = history.speedups(row["version"])
+        for table in find_tables(source, history.task):
+            incumbent = found.get(table.name)
+            if incumbent is None or table.entries == incumbent.entries or not incumbent.speedups:
+                continue
+            if all(case in numbers and numbers[case] >= value * (1 + MARGIN)
+                   for case, value in incumbent.speedups.items()):
+                moved = changes([replace_entries(table, incumbent.entries)], [table])
+                incumbent.entries = dict(table.entries)
+                incumbent.speedups = {case: numbers[case] for case in incumbent.speedups}
+                incumbent.won = moved[0] if len(moved) == 1 else None
+    for table in tables:
+        found[table.name].changes = changes([table], [replace_entries(table, found[table.name].entries)])
+    return found
+
+
+def _by_table(moved: list[Change]) -> dict[str, list[Change]]:
+    grouped: dict[str, list[Change]] = {}
+    for change in moved:
+        grouped.setdefault(change.table, []).append(change)
+    return grouped
+
+
+def replace_entries(table: Table, entries: dict) -> Table:
+    return Table(table.name, table.start, table.end, dict(entries), table.strata, table.spans, table.ranges,
+                 table.label, table.before, table.after)
+
+
+def losing(tables: list[Table], found: dict[str, Incumbent], space: Space) -> list[str]:
+    """Tables whose incumbent (fallback off) runs slower than the baseline on every case it holds."""
+    if FALLBACK not in space.knobs or list(space.knobs[FALLBACK].values) != [False, True]:
+        return []
+    return [t.name for t in tables if found[t.name].entries.get(FALLBACK) is False and found[t.name].speedups
+            and all(v < 1.0 for v in found[t.name].speedups.values())]
+
+
+def next_move(table: Table, moves: list[Move], tried: set[tuple], last_won: Change | None, space: Space,
+              general: Table) -> Move | None:
+    """The table's next move from its incumbent: on along the direction that last won for it, else its first untried
+    neighbour (the move's order: ``single_moves``)."""
+    def allowed(move: Move) -> bool:
+        key = (table.name, move.knob, repr(move.current), repr(move.value))
+        return key not in tried and not refused([general, table], space, {(table.name, move.knob): move.value})
+
+    if last_won is not None and last_won.knob in space.knobs and table.entries.get(last_won.knob) == last_won.new:
+        values = space.knobs[last_won.knob].values
+        if last_won.old in values and last_won.new in values:
+            here, before = values.index(last_won.new), values.index(last_won.old)
+            onward = here + (1 if here > before else -1)
+            move = next((m for m in moves if 0 <= onward < len(values) and m.knob == last_won.knob
+                         and m.value == values[onward]), None)
+            if move is not None and allowed(move):
+                return move
+    return next((m for m in moves if allowed(m)), None)
+
+
+def iterate(context: IterationContext, tools: Tools, source: str, tables: list[Table], space: Space,
+            known) -> None:
+    """One per-table attempt (a merge when some incumbent differs from the best and the last attempt was a step, or
+    in the run's last iteration; else a step). ``known(proposal)`` says whether the ledger holds that solution
+    already. Ends in ``tools.submit``, or LimitsExceeded when no table has a move left."""
+    task = tools.task
+    history = History(tools, task)
+    shapes = panel_shapes(context.profile, task)
+    best = _speedups({(c.get("case") or {}).get("name"): c for c in (context.profile or {}).get("cases") or []})
+    found = incumbents(history, context.run, tables, shapes, best)
+    last = next((r for r in reversed(history.rows) if r.get("run") == context.run), None) if context.run else None
+    final = context.iters is not None and context.iteration >= context.iters
+
+    def submit(edits: dict, moved: list[Change], kind: str, reason: str) -> None:
+        proposal = render(source, tables, edits)
+        if known(proposal):
+            return
+        tools.write_file(f"{task.candidate_dir}/solution.py", proposal)
+        tools.submit(summarize(kind, moved), reason)
+
+    pending = [c for t in tables for c in found[t.name].changes]
+    stepped = last is not None and last.get("summary / hypothesis", "").startswith(STEP)
+    if pending and (stepped or final) or final:
+        switched = losing(tables, found, space) if final else []
+        moved = pending + [Change(name, FALLBACK, False, True) for name in switched]
+        if moved:
+            reasons = [f"every table's incumbent: {len({c.table for c in pending})} table(s) whose every case ran at "
+                       f"least {1 + MARGIN:.2f}x faster than under the best's values"] if pending else []
+            if switched:
+                reasons.append(f"the run's last attempt: {len(switched)} table(s) slower than the baseline on every "
+                               "case fall back to it")
+            reason = "; ".join(reasons)
+            submit({(c.table, c.knob): c.new for c in moved}, moved, MERGE, reason)
+    step(tools, history, tables, found, space, context, submit)
+
+
+def step(tools: Tools, history: History, tables: list[Table], found: dict[str, Incumbent], space: Space,
+         context: IterationContext, submit) -> None:
+    """Every table that decides a panel shape at its incumbent plus its own next untried move."""
+    tried: set[tuple] = set()
+    for row in history.rows:
+        if row.get("summary / hypothesis", "").startswith(STEP):
+            tried |= {(c.table, c.knob, repr(c.old), repr(c.new)) for c in history.moved(row)}
+    for incumbent in found.values():  # a win is never undone by its reverse
+        if incumbent.won is not None:
+            won = incumbent.won
+            tried.add((won.table, won.knob, repr(won.new), repr(won.old)))
+    current = [replace_entries(t, found[t.name].entries) for t in tables]
+    by_table: dict[str, list[Move]] = {}
+    for move in single_moves(current, context.profile, space, tools.task):
+        by_table.setdefault(move.table, []).append(move)
+    chosen = [move for table in current
+              if (move := next_move(table, by_table.get(table.name, []), tried, found[table.name].won, space,
+                                    current[0])) is not None]
+    if not chosen:
+        raise LimitsExceeded("the per-table search has tried every single-knob neighbour of every table's incumbent")
+    edits = {(c.table, c.knob): c.new for t in tables for c in found[t.name].changes}
+    edits |= {(m.table, m.knob): m.value for m in chosen}
+    counts: dict[str, int] = {}
+    for move in chosen:
+        counts[f"{move.knob} {move.direction}"] = counts.get(f"{move.knob} {move.direction}", 0) + 1
+    reason = "each table's incumbent and its next untried neighbour, measured on every case at once (" + ", ".join(
+        f"{name} in {n}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1])) + ")"
+    submit(edits, [Change(m.table, m.knob, m.current, m.value) for m in chosen], STEP, reason)
+    raise LimitsExceeded("the per-table search's next step is already in the ledger")

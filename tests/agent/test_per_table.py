@@ -1,0 +1,130 @@
+"""The per-table search (agent.proposers.per_table) on real tools and a real ledger: a step moves every table at once,
+a merge takes the tables whose every case won, the last attempt falls back where the baseline is faster."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from agent.exceptions import Submitted
+from agent.ledger import format_row
+from agent.proposers import IterationContext
+from agent.proposers.offline import OfflineProposer, find_tables
+from agent.proposers.per_table import MARGIN
+from tests.agent.test_tools import tools  # noqa: F401 (the fixture)
+
+FACTS = {"tier_dims": {"m": [1, 16], "n": [1, None], "k": [8, None]},
+         "strata": {"m1": {"m": [1, 1]}, "m2": {"m": [2, 2]}}, "sample_cases": (),
+         "stages": ("policy", "selfcheck"), "columns": ("m1", "m2")}
+SOURCE = '''def get_config():
+    return {"BLOCK": 32, "SPLIT": 1, "FALLBACK": False}
+
+
+SEARCH_SPACE = {
+    "strategy": "per-table",
+    "knobs": {
+        "BLOCK": {"values": [16, 32, 64], "reason": {"up": "wider blocks", "down": "narrower blocks"}},
+        "SPLIT": {"values": [1, 2, 4], "reason": {"up": "more splits", "down": "fewer splits"}},
+        "FALLBACK": {"values": [False, True], "reason": {"up": "the baseline", "down": "the kernel"}},
+    },
+    "only_when": {"BLOCK": [{"FALLBACK": [False]}], "SPLIT": [{"FALLBACK": [False]}]},
+}
+
+TIERS = [
+    {"M_MIN": 1, "M_MAX": 1, "N_MIN": 64, "N_MAX": 64, "K_MIN": 64, "K_MAX": 64, "BLOCK": 32, "SPLIT": 1,
+     "FALLBACK": False},
+    {"M_MIN": 2, "M_MAX": 2, "N_MIN": 64, "N_MAX": 64, "K_MIN": 64, "K_MAX": 64, "BLOCK": 32, "SPLIT": 1,
+     "FALLBACK": False},
+    {"M_MIN": 1, "M_MAX": 1, "N_MIN": 128, "N_MAX": 128, "K_MIN": 64, "K_MAX": 64, "BLOCK": 32, "SPLIT": 1,
+     "FALLBACK": False},
+]
+'''
+RUN = "20261204-000000-0001"
+CASES = {"a": ("m1", 1, 64), "b": ("m2", 2, 64), "c": ("m1", 1, 128)}  # held by TIERS[0], [1], [2]
+
+
+def profile(speedups: dict[str, float]) -> dict:
+    return {"cases": [{"case": {"name": name, "stratum": s, "m": m, "n": n, "k": 64, "seed": 1},
+                       "speedup": speedups[name], "correct": True} for name, (s, m, n) in CASES.items()]}
+
+
+def record(tools, version: str, parent: str, source: str, summary: str, decision: str,  # noqa: F811
+           speedups: dict[str, float] | None = None) -> None:
+    """A snapshot, its verdict's cases and its ledger row, as the loop writes them."""
+    folder = tools.task.versions / version
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "solution.py").write_text(source)
+    cases = [{"name": n, "stratum": CASES[n][0], "speedup": v, "correct": True} for n, v in (speedups or {}).items()]
+    (folder / "verdict.json").write_text(json.dumps({"cases": cases}))
+    ledger = tools.task.ledger_path
+    row = {"version": version, "run": RUN, "parent": parent, "summary / hypothesis": summary, "decision": decision}
+    ledger.write_text(ledger.read_text() + format_row(row, tools.task) + "\n")
+
+
+def propose(tools, best: str, best_speedups: dict, last: str | None = None, iteration: int = 1,  # noqa: F811
+            iters: int = 20) -> tuple[str, Submitted]:
+    tools.candidate.joinpath("solution.py").write_text(best)
+    with pytest.raises(Submitted) as submitted:
+        OfflineProposer().iterate(IterationContext(iteration, {}, profile(best_speedups),
+                                                   {"version": last} if last else None, iters=iters, run=RUN),
+                                 tools)
+    return tools.candidate.joinpath("solution.py").read_text(), submitted.value
+
+
+def entries(source: str, task) -> list[dict]:
+    return [t.entries for t in find_tables(source, task)[1:]]
+
+
+def test_steps_and_merges_alternate_and_credit_each_table_by_its_own_cases(tools):  # noqa: F811
+    tools.task = replace(tools.task, **FACTS)
+    task = tools.task
+    start = {"a": 1.0, "b": 0.8, "c": 1.2}
+    record(tools, "v1", "v0", SOURCE, "start", "keep")
+    # a step: every table deciding a case moves its first neighbour (toward later values first, knob order)
+    step, submitted = propose(tools, SOURCE, start)
+    assert submitted.summary.startswith("per-table step: 3 table(s): TIERS[0] BLOCK 32->64")
+    assert [e["BLOCK"] for e in entries(step, task)] == [64, 64, 64] and "in 3" in submitted.hypothesis
+    # its numbers: TIERS[0]'s case won beyond the margin, TIERS[1]'s lost, TIERS[2]'s gained less than the margin
+    after = {"a": 1.0 * (1 + 2 * MARGIN), "b": 0.7, "c": 1.2 * (1 + MARGIN / 2)}
+    record(tools, "v2", "v1", step, submitted.summary, "revert (0.990x best, noise 0.010)", after)
+    merged, submitted = propose(tools, SOURCE, start, last="v2")
+    assert submitted.summary == "per-table merge: 1 table(s): TIERS[0] BLOCK 32->64"
+    assert [e["BLOCK"] for e in entries(merged, task)] == [64, 32, 32]
+    # a merge the keep rule did not keep: the next step starts every table at its incumbent (TIERS[0] at 64), and
+    # TIERS[0] never goes back to 32 and has no value past 64, so it moves on to SPLIT; the others take their next
+    # untried neighbour
+    record(tools, "v3", "v1", merged, submitted.summary, "revert (1.004x best, noise 0.010)",
+           {"a": after["a"], "b": 0.8, "c": 1.2})
+    step2, submitted = propose(tools, SOURCE, start, last="v3")
+    assert submitted.summary.startswith("per-table step: 3 table(s): TIERS[0] SPLIT 1->2, TIERS[1] BLOCK 32->16, "
+                                        "TIERS[2] BLOCK 32->16")
+    assert [(e["BLOCK"], e["SPLIT"]) for e in entries(step2, task)] == [(64, 2), (16, 1), (16, 1)]
+    # that step's wins join TIERS[0]'s: the next merge holds both tables' incumbents, measured against their own
+    after2 = {"a": after["a"] * (1 + 2 * MARGIN), "b": 0.7, "c": 1.2 * (1 + 2 * MARGIN)}
+    record(tools, "v4", "v1", step2, submitted.summary, "revert (0.990x best, noise 0.010)", after2)
+    merged2, submitted = propose(tools, SOURCE, start, last="v4")
+    assert submitted.summary == ("per-table merge: 2 table(s): TIERS[0] BLOCK 32->64, TIERS[0] SPLIT 1->2, "
+                                 "TIERS[2] BLOCK 32->16")
+    assert [(e["BLOCK"], e["SPLIT"]) for e in entries(merged2, task)] == [(64, 2), (32, 1), (16, 1)]
+
+
+def test_a_won_direction_is_followed_first(tools):  # noqa: F811
+    """A kept merge that moved SPLIT up for TIERS[0]: its next move goes on up, before the knob order's BLOCK."""
+    tools.task = replace(tools.task, **FACTS)
+    split = SOURCE.replace('"BLOCK": 32, "SPLIT": 1,\n     "FALLBACK": False},\n    {"M_MIN": 2',
+                           '"BLOCK": 32, "SPLIT": 2,\n     "FALLBACK": False},\n    {"M_MIN": 2')
+    assert split != SOURCE
+    record(tools, "v1", "v0", SOURCE, "start", "keep")
+    record(tools, "v2", "v1", split, "per-table merge: 1 table(s): TIERS[0] SPLIT 1->2", "keep (1.1x)")
+    step, submitted = propose(tools, split, {"a": 1.0, "b": 1.0, "c": 1.0}, last="v2")
+    assert submitted.summary.startswith("per-table step: 3 table(s): TIERS[0] SPLIT 2->4, TIERS[1] BLOCK 32->64")
+
+
+def test_the_last_attempt_falls_back_where_the_baseline_wins_on_every_case(tools):  # noqa: F811
+    tools.task = replace(tools.task, **FACTS)
+    record(tools, "v1", "v0", SOURCE, "start", "keep")
+    proposal, submitted = propose(tools, SOURCE, {"a": 0.9, "b": 1.2, "c": 0.95}, iteration=20, iters=20)
+    assert submitted.summary == ("per-table merge: 2 table(s): TIERS[0] FALLBACK False->True, "
+                                 "TIERS[2] FALLBACK False->True")
+    assert [e["FALLBACK"] for e in entries(proposal, tools.task)] == [True, False, True]
