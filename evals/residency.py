@@ -42,8 +42,18 @@ FLOATING_NAMES = frozenset(str(d).removeprefix("torch.") for d in FLOATING)
 INTEGER_NAMES = frozenset(("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "bool"))
 HALF_FLOAT_NAMES = frozenset(("float16", "bfloat16"))
 ALLOCATOR_BLOCK = 512  # the CUDA caching allocator rounds every block up to this
-CALLS_CUDA = 16384 + 8192 + 11 * 512  # the verifier's calls per role
+CALLS_CUDA = 16384 + 8192 + 11 * 512  # the verifier's calls per role (eager-groups)
+# graph-paired: a role's eager calls (its gates, the warm-ups and the captures; replays allocate nothing new), with room
+CALLS_GRAPH = 512
 CALLS_INTERPRETED = 24
+
+
+def default_calls(task: tasks.Task, interpreted: bool) -> int:
+    """Calls before the last checkpoint: as many as a verifier role of the task's protocol makes, few under the
+    interpreter."""
+    if interpreted:
+        return CALLS_INTERPRETED
+    return CALLS_GRAPH if task.manifest["timing"] == "graph-paired" else CALLS_CUDA
 
 
 @dataclass
@@ -221,7 +231,7 @@ def run(solution: Path, panel: str, calls: int | None = None, log=print, task: t
     if info.device.type != "cuda":
         log("residency on CPU: storage is counted from the tensors and storages Python can reach "
             "(no allocator count to cross-check, so memory held only inside C++ is not seen)")
-    calls = calls or (CALLS_INTERPRETED if info.interpreted else CALLS_CUDA)
+    calls = calls or default_calls(task, info.interpreted)
     warm_libraries(info.device)
     cases = []
     for case in task.cases(panel):
@@ -255,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     tasks.add_argument(parser)
     parser.add_argument("--solution", help="solution directory (default: the task's main)")
     parser.add_argument("--panel", help="visible, smoke or a panel JSON file (default: visible with CUDA, else smoke)")
-    parser.add_argument("--calls", type=int, help=f"calls before the last checkpoint (default {CALLS_CUDA} on CUDA, "
+    parser.add_argument("--calls", type=int, help=f"calls before the last checkpoint (default on CUDA {CALLS_CUDA}, "
+                                                  f"the verifier's per role, or {CALLS_GRAPH} for a graph-paired task; "
                                                   f"{CALLS_INTERPRETED} under the interpreter)")
     parser.add_argument("--json", help="write the full report here")
     args = parser.parse_args(argv)

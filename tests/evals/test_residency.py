@@ -85,3 +85,14 @@ def test_a_storage_seen_through_any_float_view_counts_as_floating():
     found = live_storages(torch.device("cpu"))
     assert found[floats.data_ptr()].dtype == "float32" and found[floats.data_ptr()].nbytes == 4096
     assert found[bare.data_ptr()].dtype == "untyped"
+
+
+def test_the_guards_default_calls_follow_the_tasks_protocol():
+    """A graph-paired role calls a solution eagerly a few hundred times at most (its replays allocate nothing): its
+    guard needs no eager-groups schedule of 30,000 calls per case."""
+    from evals import residency
+    from evals import task as tasks
+
+    assert residency.default_calls(tasks.load("w4a16"), interpreted=False) == residency.CALLS_CUDA == 16384 + 8192 + 11 * 512
+    assert residency.default_calls(tasks.load("llgemm"), interpreted=False) == residency.CALLS_GRAPH
+    assert residency.default_calls(tasks.load("llgemm"), interpreted=True) == residency.CALLS_INTERPRETED
