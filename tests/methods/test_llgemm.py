@@ -1,0 +1,127 @@
+"""The llgemm kernel family (tasks/llgemm, as the loop's v7 has it: v0's kernel with the split-K fences) under every
+plan shape its search space reaches: tensor-core and CUDA-core reductions, one share or several, odd N and K, M from
+1 to 16 and past it. On CPU the interpreter runs it; the compile test checks the sm90 code without a GPU; the stress
+test (mark gpu) calls split plans many times on the shapes where the unfenced kernel returned zeros."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from evals import task as tasks
+
+ROOT = Path(__file__).resolve().parents[2]  # not tests.conftest's: it sets TRITON_INTERPRET, which fence_order avoids
+FAMILY = ROOT / "tasks" / "llgemm" / "versions" / "v7" / "solution.py"
+TASK = tasks.load("llgemm")
+ADAPTER = TASK.adapter
+
+
+def family(**config):
+    """A fresh copy of the family's module whose every shape takes ``config`` over its general table."""
+    spec = importlib.util.spec_from_file_location(f"llgemm_family_{len(config)}", FAMILY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    general = module.get_config()
+    module.get_config = lambda: {**general, **config}
+    module.TIERS = []
+    return module
+
+
+def check(module, m: int, n: int, k: int, device, calls: int = 2) -> None:
+    case = ADAPTER.Case("m1", m, n, k, seed=7)
+    for mode in ADAPTER.MODES:
+        problem = ADAPTER.generate(case, mode, device)
+        fn = module.build(problem.weights["weight"])
+        for inputs in [problem.inputs] + ADAPTER.make_inputs(case, calls - 1, seed=3, device=device):
+            ref = ADAPTER.reference(problem.weights, inputs, case)
+            result = ADAPTER.check_output(fn(*inputs), ref, case)
+            assert result.ok, (mode, m, n, k, result.message)
+
+
+PLANS = [dict(MMA=True, BLOCK_N=16, BLOCK_K=64, SPLIT_K=1), dict(MMA=True, BLOCK_N=32, BLOCK_K=64, SPLIT_K=4),
+         dict(MMA=False, BLOCK_N=1, BLOCK_K=64, SPLIT_K=1), dict(MMA=False, BLOCK_N=4, BLOCK_K=32, SPLIT_K=8)]
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: "-".join(f"{k}{v}" for k, v in p.items()))
+@pytest.mark.parametrize("m,n,k", [(1, 33, 200), (3, 40, 72), (16, 24, 136)])
+def test_every_plan_shape_is_correct_on_every_input_regime(plan, m, n, k):
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter's run of the family (the GPU stress test covers CUDA)")
+    check(family(**plan), m, n, k, torch.device("cpu"))
+
+
+def test_more_than_sixteen_rows_go_to_the_baseline_and_a_split_leaves_no_state_between_calls():
+    module = family(MMA=True, BLOCK_N=16, BLOCK_K=64, SPLIT_K=4)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    check(module, 20, 24, 128, device)
+    check(module, 2, 24, 512, device, calls=4)  # each call finds the workspace and counters left at zero
+
+
+def test_plan_keeps_tiles_within_registers_and_the_pipeline_within_shared_memory():
+    module = family()
+    for config in ({"MMA": True, "BLOCK_N": 256, "BLOCK_K": 2048, "num_stages": 6},
+                   {"MMA": False, "BLOCK_N": 64, "BLOCK_K": 2048, "num_warps": 4}):
+        module.get_config = lambda config=config: {**family().get_config(), **config}
+        for m in (1, 16):
+            p = module.plan(m, 4096, 10240)
+            elements = p["BLOCK_N"] * p["BLOCK_K"] * (1 if p["MMA"] else p["BLOCK_M"])
+            limit = module.MAX_TILE if p["MMA"] else module.SUM_ELEMENTS_PER_WARP * p["num_warps"]
+            assert elements <= limit or p["BLOCK_K"] == 16  # BLOCK_K halves down to 16 at the least
+            assert p["num_stages"] * 2 * p["BLOCK_K"] * (p["BLOCK_N"] + p["BLOCK_M"]) <= module.SMEM_BYTES \
+                or p["num_stages"] == 1
+    assert family(MMA=True, BLOCK_N=4).plan(1, 64, 64)["BLOCK_N"] == 16  # a dot takes 16 columns at least
+    assert family(SPLIT_K=32).plan(1, 64, 200)["SPLIT_K"] == 2  # no more shares than K steps (BLOCK_K 128)
+
+
+def fence_order() -> list[dict]:
+    """Compile the family's split plans for sm90 (run without TRITON_INTERPRET: the interpreter never compiles) and
+    say where the fences fall: after the workspace adds and before the counter, and again before the last share's
+    reads."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = family().skinny_gemm_kernel
+    signature = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "ws_ptr": "*fp32", "count_ptr": "*i32",
+                 "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_ym": "i32",
+                 "tiles_per_split": "i32"}
+    found = []
+    for mma, block_m, block_n in ((True, 16, 64), (False, 1, 4)):
+        constants = {"BLOCK_N": block_n, "BLOCK_K": 128, "BLOCK_M": block_m, "SPLIT_K": 4, "EVEN_K": True,
+                     "MMA": mma, "F32_DOT": False}
+        source = ASTSource(fn=kernel, signature=signature | {k: "constexpr" for k in constants}, constexprs=constants)
+        ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+        lines = ptx.splitlines()
+        adds = [i for i, line in enumerate(lines) if "atom.global" in line and ".add.f32" in line]
+        counters = [i for i, line in enumerate(lines) if "atom.global" in line and ".add.u32" in line]
+        fences = [i for i, line in enumerate(lines) if "fence.sc.gpu" in line]
+        reads = [i for i, line in enumerate(lines) if "ld.global.cg" in line]
+        found.append({"mma": mma, "adds": bool(adds and counters and reads),
+                      "fenced_adds": bool(adds and counters) and any(max(adds) < f < min(counters) for f in fences),
+                      "fenced_reads": bool(counters and reads) and any(max(counters) < f < min(reads) for f in fences)})
+    return found
+
+
+def test_the_split_reduction_fences_its_adds_in_the_sm90_code():
+    """Compiled for sm90 (no GPU needed), in a process without the interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", "import json; from tests.methods.test_llgemm import fence_order; "
+                          "print(json.dumps(fence_order()))"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(found) == 2 and all(f["adds"] and f["fenced_adds"] and f["fenced_reads"] for f in found), found
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(4, 62080, 2560), (8, 62080, 2560), (4, 10240, 320), (1, 24, 2560)])
+def test_split_plans_stay_correct_over_many_calls_on_the_gpu(m, n, k):
+    for plan in (dict(MMA=True, BLOCK_N=64, SPLIT_K=2), dict(MMA=True, BLOCK_N=32, SPLIT_K=32, BLOCK_K=64),
+                 dict(MMA=False, BLOCK_N=2, SPLIT_K=8, BLOCK_K=256)):
+        check(family(**plan), m, n, k, torch.device("cuda"), calls=64)
