@@ -108,7 +108,8 @@ class Run:
                         steps_left=getattr(self.proposer, "max_steps", "a few"))
         prompts = {"system": render("system", **self.tools.prompt_values()), "task": render("task", **values),
                    "iteration": render("iteration", **feedback)}
-        return IterationContext(iteration, prompts, profile, last, iters=self.config.iters, run=self.state.run_id)
+        return IterationContext(iteration, prompts, profile, last, iters=self.config.iters,
+                                best=self.state.best_label)
 
     def step(self) -> None:
         self.check_limits()

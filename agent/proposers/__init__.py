@@ -36,8 +36,8 @@ class IterationContext:
     usage: Usage = field(default_factory=Usage)
     iters: int | None = None
     """The run's iteration limit (``iteration`` of ``iters``), when it has one."""
-    run: str | None = None
-    """The run's id, as its ledger rows name it."""
+    best: str | None = None
+    """The run's best version (``vN``), whose files the candidate holds at the iteration's start."""
 
 
 class Proposer(Protocol):

@@ -12,23 +12,26 @@ cases it holds, and attempts are of two kinds:
   one knob (on along the direction that last won for that table first, then nearest first in the space's knob
   order), so that one evaluation times a move of every table;
 - a **merge** gives every table its incumbent and moves nothing: only measured wins, so the loop's keep rule (faster
-  than the best beyond noise, both timed in one process) keeps it once the wins add up past the noise.
+  than the best beyond noise, both timed in one process) keeps it once the wins add up past the noise. A merge comes
+  when the incumbents' numbers put the score ``MERGE_GAIN`` over the best's, or after ``MERGE_AFTER`` steps from the
+  best, or in the run's last iteration; otherwise another step.
 
 A table's move wins, and becomes its incumbent, when every panel case the table holds ran at least ``1 + MARGIN``
 times faster than under its incumbent (speedups against the task's baseline, which each attempt measures paired in
-its own process, so two attempts' numbers compare). A merge follows a step whenever some incumbent differs from the
-best; otherwise another step. In the run's last iteration the merge also switches to the solution's fallback (a knob
-named ``FALLBACK`` with values ``[False, True]``, where the space declares one) every table whose incumbent runs slower
-than the baseline on every case it holds, as seed 002 kept a plan only where it won.
+its own process, so two attempts' numbers compare). In the run's last iteration the merge also switches to the
+solution's fallback (a knob named ``FALLBACK`` with values ``[False, True]``, where the space declares one) every
+table whose incumbent runs slower than the baseline on every case it holds, as seed 002 kept a plan only where it
+won.
 
 Everything comes from the ledger and the snapshots (``versions/vN/solution.py`` and ``verdict.json``): the moves each
 step made against its parent (never tried again from the same value, in this run or a later one) and, for the attempts
-of this run since its last kept version, the numbers that make the incumbents. So a resumed run goes on where it
-stopped. Nothing here imports candidate code.
+made from the best (in any run), the numbers that make the incumbents. So a resumed run, or a new one started from the
+best (``--from vN``), goes on where the last stopped. Nothing here imports candidate code.
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 from agent.config import Task
@@ -43,6 +46,12 @@ STEP, MERGE = "per-table step", "per-table merge"
 MARGIN = 0.03
 """A table's move wins when every case it holds ran at least this much faster than under its incumbent (seed 002's
 qualification margin)."""
+MERGE_GAIN = 1.10
+"""A merge comes as soon as the incumbents' numbers put the score this far over the best's: a gain the keep rule's
+noise cannot hide."""
+MERGE_AFTER = 3
+"""Else after this many steps from the best: a step costs a selfcheck, a merge also the time against the best and the
+task's checks (on the H200 about 18 s against 65 s), so smaller wins gather over a few steps first."""
 FALLBACK = "FALLBACK"
 SHOWN = 6  # changes a summary names before "and N more"
 
@@ -145,20 +154,22 @@ def held(table: Table, shapes: dict[str, Shape], tables: list[Table]) -> list[st
             if next((t for t in tables[1:] if t.holds(shape)), tables[0]).name == table.name]
 
 
-def incumbents(history: History, run: str | None, tables: list[Table], shapes: dict[str, Shape],
+def incumbents(history: History, best_label: str | None, tables: list[Table], shapes: dict[str, Shape],
                best: dict[str, float]) -> dict[str, Incumbent]:
-    """Each table's incumbent: the best's own values and numbers, then every attempt of this run since its last kept
-    version in order, each table taking an attempt's values where every case it holds ran 1 + MARGIN faster."""
+    """Each table's incumbent: the best's own values and numbers, then every attempt made from the best (its parent,
+    in any run: a run started from a version goes on where an earlier run from it stopped), in ledger order, each
+    table taking an attempt's values where every case it holds ran 1 + MARGIN faster. A table's ``won`` starts as
+    the single change the best itself made to it, when the best is a per-table merge."""
     found = {t.name: Incumbent(dict(t.entries), {c: best[c] for c in held(t, shapes, tables) if c in best})
              for t in tables}
-    mine = [row for row in history.rows if run is not None and row.get("run") == run]
-    kept = max((i for i, row in enumerate(mine) if row.get("decision", "").startswith("keep")), default=-1)
-    for row in mine[:kept + 1]:  # the kept versions' single changes per table: the direction that won there
-        if row.get("decision", "").startswith("keep"):
-            for table, moved in _by_table(history.moved(row)).items():
-                if table in found and len(moved) == 1:
-                    found[table].won = moved[0]
-    for row in mine[kept + 1:]:
+    own = next((row for row in history.rows if row.get("version") == best_label), None)
+    if own is not None and own.get("summary / hypothesis", "").startswith(MERGE):
+        for table, moved in _by_table(history.moved(own)).items():
+            if table in found and len(moved) == 1:
+                found[table].won = moved[0]
+    for row in history.rows:
+        if best_label is None or row.get("parent") != best_label:
+            continue
         source = history.source(row["version"])
         if source is None:
             continue
@@ -176,6 +187,30 @@ def incumbents(history: History, run: str | None, tables: list[Table], shapes: d
     for table in tables:
         found[table.name].changes = changes([table], [replace_entries(table, found[table.name].entries)])
     return found
+
+
+def score(numbers: dict[str, float], shapes: dict[str, Shape]) -> float | None:
+    """The task's score of per-case speedups: geometric mean per stratum, harmonic mean across strata."""
+    strata: dict[str, list[float]] = {}
+    for name, shape in shapes.items():
+        if name not in numbers:
+            return None
+        strata.setdefault(shape[0], []).append(numbers[name])
+    if not strata:
+        return None
+    means = [math.exp(sum(map(math.log, v)) / len(v)) for v in strata.values()]
+    return len(means) / sum(1 / m for m in means)
+
+
+def estimated_gain(tables: list[Table], found: dict[str, Incumbent], shapes: dict[str, Shape],
+                   best: dict[str, float]) -> float:
+    """The score with every table at its incumbent over the best's, from the numbers each was measured at (1.0 when
+    either score cannot be formed)."""
+    merged = dict(best)
+    for table in tables:
+        merged.update(found[table.name].speedups if found[table.name].changes else {})
+    before, after = score(best, shapes), score(merged, shapes)
+    return after / before if before and after else 1.0
 
 
 def _by_table(moved: list[Change]) -> dict[str, list[Change]]:
@@ -227,8 +262,7 @@ def iterate(context: IterationContext, tools: Tools, source: str, tables: list[T
     history = History(tools, task)
     shapes = panel_shapes(context.profile, task)
     best = _speedups({(c.get("case") or {}).get("name"): c for c in (context.profile or {}).get("cases") or []})
-    found = incumbents(history, context.run, tables, shapes, best)
-    last = next((r for r in reversed(history.rows) if r.get("run") == context.run), None) if context.run else None
+    found = incumbents(history, context.best, tables, shapes, best)
     final = context.iters is not None and context.iteration >= context.iters
 
     def submit(edits: dict, moved: list[Change], kind: str, reason: str) -> None:
@@ -239,13 +273,18 @@ def iterate(context: IterationContext, tools: Tools, source: str, tables: list[T
         tools.submit(summarize(kind, moved), reason)
 
     pending = [c for t in tables for c in found[t.name].changes]
-    stepped = last is not None and last.get("summary / hypothesis", "").startswith(STEP)
-    if pending and (stepped or final) or final:
+    since = 0  # steps from the best since its last merge attempt
+    for row in history.rows:
+        if row.get("parent") == context.best:
+            since = since + 1 if row.get("summary / hypothesis", "").startswith(STEP) else 0
+    gain = estimated_gain(tables, found, shapes, best) if pending else 1.0
+    if pending and (final or since >= MERGE_AFTER or gain >= MERGE_GAIN) or final:
         switched = losing(tables, found, space) if final else []
         moved = pending + [Change(name, FALLBACK, False, True) for name in switched]
         if moved:
             reasons = [f"every table's incumbent: {len({c.table for c in pending})} table(s) whose every case ran at "
-                       f"least {1 + MARGIN:.2f}x faster than under the best's values"] if pending else []
+                       f"least {1 + MARGIN:.2f}x faster than under the best's values (score ~{gain:.3f}x the best's "
+                       "from those numbers)"] if pending else []
             if switched:
                 reasons.append(f"the run's last attempt: {len(switched)} table(s) slower than the baseline on every "
                                "case fall back to it")

@@ -2,6 +2,7 @@
 a merge takes the tables whose every case won, the last attempt falls back where the baseline is faster."""
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import replace
 
@@ -58,16 +59,17 @@ def record(tools, version: str, parent: str, source: str, summary: str, decision
     cases = [{"name": n, "stratum": CASES[n][0], "speedup": v, "correct": True} for n, v in (speedups or {}).items()]
     (folder / "verdict.json").write_text(json.dumps({"cases": cases}))
     ledger = tools.task.ledger_path
-    row = {"version": version, "run": RUN, "parent": parent, "summary / hypothesis": summary, "decision": decision}
+    row = {"version": version, "run": RUN, "parent": parent, "summary / hypothesis": summary, "decision": decision,
+           "sha256": hashlib.sha256(source.encode()).hexdigest()}  # solution.py's own: how the search knows a try
     ledger.write_text(ledger.read_text() + format_row(row, tools.task) + "\n")
 
 
 def propose(tools, best: str, best_speedups: dict, last: str | None = None, iteration: int = 1,  # noqa: F811
-            iters: int = 20) -> tuple[str, Submitted]:
+            iters: int = 20, label: str = "v1") -> tuple[str, Submitted]:
     tools.candidate.joinpath("solution.py").write_text(best)
     with pytest.raises(Submitted) as submitted:
         OfflineProposer().iterate(IterationContext(iteration, {}, profile(best_speedups),
-                                                   {"version": last} if last else None, iters=iters, run=RUN),
+                                                   {"version": last} if last else None, iters=iters, best=label),
                                  tools)
     return tools.candidate.joinpath("solution.py").read_text(), submitted.value
 
@@ -85,11 +87,13 @@ def test_steps_and_merges_alternate_and_credit_each_table_by_its_own_cases(tools
     step, submitted = propose(tools, SOURCE, start)
     assert submitted.summary.startswith("per-table step: 3 table(s): TIERS[0] BLOCK 32->64")
     assert [e["BLOCK"] for e in entries(step, task)] == [64, 64, 64] and "in 3" in submitted.hypothesis
-    # its numbers: TIERS[0]'s case won beyond the margin, TIERS[1]'s lost, TIERS[2]'s gained less than the margin
-    after = {"a": 1.0 * (1 + 2 * MARGIN), "b": 0.7, "c": 1.2 * (1 + MARGIN / 2)}
+    # its numbers: TIERS[0]'s case won (by enough to merge at once), TIERS[1]'s lost, TIERS[2]'s gained less than the
+    # margin
+    after = {"a": 2.0, "b": 0.7, "c": 1.2 * (1 + MARGIN / 2)}
     record(tools, "v2", "v1", step, submitted.summary, "revert (0.990x best, noise 0.010)", after)
     merged, submitted = propose(tools, SOURCE, start, last="v2")
     assert submitted.summary == "per-table merge: 1 table(s): TIERS[0] BLOCK 32->64"
+    assert "score ~1.141x the best's" in submitted.hypothesis
     assert [e["BLOCK"] for e in entries(merged, task)] == [64, 32, 32]
     # a merge the keep rule did not keep: the next step starts every table at its incumbent (TIERS[0] at 64), and
     # TIERS[0] never goes back to 32 and has no value past 64, so it moves on to SPLIT; the others take their next
@@ -101,12 +105,32 @@ def test_steps_and_merges_alternate_and_credit_each_table_by_its_own_cases(tools
                                         "TIERS[2] BLOCK 32->16")
     assert [(e["BLOCK"], e["SPLIT"]) for e in entries(step2, task)] == [(64, 2), (16, 1), (16, 1)]
     # that step's wins join TIERS[0]'s: the next merge holds both tables' incumbents, measured against their own
-    after2 = {"a": after["a"] * (1 + 2 * MARGIN), "b": 0.7, "c": 1.2 * (1 + 2 * MARGIN)}
+    after2 = {"a": after["a"] * (1 + 2 * MARGIN), "b": 0.7, "c": 1.2 * (1 + 2 * MARGIN)}  # gain ~1.16
     record(tools, "v4", "v1", step2, submitted.summary, "revert (0.990x best, noise 0.010)", after2)
     merged2, submitted = propose(tools, SOURCE, start, last="v4")
     assert submitted.summary == ("per-table merge: 2 table(s): TIERS[0] BLOCK 32->64, TIERS[0] SPLIT 1->2, "
                                  "TIERS[2] BLOCK 32->16")
     assert [(e["BLOCK"], e["SPLIT"]) for e in entries(merged2, task)] == [(64, 2), (32, 1), (16, 1)]
+
+
+def test_small_wins_gather_over_steps_before_a_merge(tools):  # noqa: F811
+    """Wins too small to show past the keep rule's noise stay as incumbents through further steps (each table going on
+    from its own incumbent) until MERGE_AFTER steps from the best; then one merge holds them all."""
+    from agent.proposers.per_table import MERGE_AFTER
+
+    tools.task = replace(tools.task, **FACTS)
+    start = {"a": 1.0, "b": 1.0, "c": 1.0}
+    record(tools, "v1", "v0", SOURCE, "start", "keep")
+    numbers = dict(start)
+    for i in range(MERGE_AFTER):
+        proposal, submitted = propose(tools, SOURCE, start, last=f"v{i + 1}" if i else None)
+        assert submitted.summary.startswith("per-table step"), (i, submitted.summary)
+        numbers["a"] *= 1 + 1.5 * MARGIN  # TIERS[0] wins a little each time; the others never
+        record(tools, f"v{i + 2}", "v1", proposal, submitted.summary, "revert (~0.99x best)", numbers)
+    merged, submitted = propose(tools, SOURCE, start, last=f"v{MERGE_AFTER + 1}")
+    # BLOCK won first; at its end (64) the table went on to SPLIT, which won, and on along it (momentum)
+    assert submitted.summary == "per-table merge: 1 table(s): TIERS[0] BLOCK 32->64, TIERS[0] SPLIT 1->4"
+    assert [(e["BLOCK"], e["SPLIT"]) for e in entries(merged, tools.task)] == [(64, 4), (32, 1), (32, 1)]
 
 
 def test_a_won_direction_is_followed_first(tools):  # noqa: F811
@@ -117,7 +141,7 @@ def test_a_won_direction_is_followed_first(tools):  # noqa: F811
     assert split != SOURCE
     record(tools, "v1", "v0", SOURCE, "start", "keep")
     record(tools, "v2", "v1", split, "per-table merge: 1 table(s): TIERS[0] SPLIT 1->2", "keep (1.1x)")
-    step, submitted = propose(tools, split, {"a": 1.0, "b": 1.0, "c": 1.0}, last="v2")
+    step, submitted = propose(tools, split, {"a": 1.0, "b": 1.0, "c": 1.0}, last="v2", label="v2")
     assert submitted.summary.startswith("per-table step: 3 table(s): TIERS[0] SPLIT 2->4, TIERS[1] BLOCK 32->64")
 
 

@@ -62,7 +62,7 @@ def test_smoke_panel_is_tiny_and_covers_every_stratum_and_odd_shapes():
 def test_the_loop_accepts_the_manifest():
     task = LoopTask.load(ROOT, "llgemm")
     assert task.checks == ("residency", "gates")
-    assert task.command("gates") == ("-m", "evals.verifier", "--gates-only", "--jobs", "8")
+    assert task.command("gates") == ("-m", "evals.verifier", "--gates-only", "--jobs", "16")
     assert task.columns == ("residency", "m1", "m2", "m4", "m8", "m16")
     assert [task.stratum_of(c) for c in task.sample_cases] == [stratum_of(c["m"]) for c in task.sample_cases]
     assert TASK.manifest["timing"] == "graph-paired" and TASK.manifest["baseline"] == {
