@@ -1,4 +1,5 @@
-"""The llgemm kernel family (tasks/llgemm, as the loop's v7 has it: v0's kernel with the split-K fences) under every
+"""The llgemm kernel family (tasks/llgemm, as v8 has it: v0's kernel with the split-K fences and the nearest-tier plan)
+under every
 plan shape its search space reaches: tensor-core and CUDA-core reductions, one share or several, odd N and K, M from
 1 to 16 and past it. On CPU the interpreter runs it; the compile test checks the sm90 code without a GPU; the stress
 test (mark gpu) calls split plans many times on the shapes where the unfenced kernel returned zeros."""
@@ -17,7 +18,7 @@ import torch
 from evals import task as tasks
 
 ROOT = Path(__file__).resolve().parents[2]  # not tests.conftest's: it sets TRITON_INTERPRET, which fence_order avoids
-FAMILY = ROOT / "tasks" / "llgemm" / "versions" / "v7" / "solution.py"
+FAMILY = ROOT / "tasks" / "llgemm" / "versions" / "v8" / "solution.py"
 TASK = tasks.load("llgemm")
 ADAPTER = TASK.adapter
 
@@ -77,6 +78,23 @@ def test_plan_keeps_tiles_within_registers_and_the_pipeline_within_shared_memory
                 or p["num_stages"] == 1
     assert family(MMA=True, BLOCK_N=4).plan(1, 64, 64)["BLOCK_N"] == 16  # a dot takes 16 columns at least
     assert family(SPLIT_K=32).plan(1, 64, 200)["SPLIT_K"] == 2  # no more shares than K steps (BLOCK_K 128)
+
+
+def test_a_shape_no_tier_holds_takes_the_nearest_tier_of_its_m_within_the_ratio():
+    spec = importlib.util.spec_from_file_location("llgemm_tiers", FAMILY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.TIERS = [{"M_MIN": 1, "M_MAX": 1, "N_MIN": 4096, "N_MAX": 4096, "K_MIN": 2560, "K_MAX": 2560, "SPLIT_K": 2},
+                    {"M_MIN": 1, "M_MAX": 1, "N_MIN": 320, "N_MAX": 320, "K_MIN": 2560, "K_MAX": 2560, "SPLIT_K": 8},
+                    {"M_MIN": 2, "M_MAX": 2, "N_MIN": 4000, "N_MAX": 4200, "K_MIN": 2560, "K_MAX": 2560, "SPLIT_K": 4}]
+    tier = module.nearest_tier
+    assert tier(1, 4096, 2560)["SPLIT_K"] == 2 and tier(2, 4100, 2560)["SPLIT_K"] == 4  # held
+    assert tier(1, 4608, 3584)["SPLIT_K"] == 2 and tier(1, 512, 2048)["SPLIT_K"] == 8  # nearest in log N and log K
+    assert tier(2, 1024, 2560)["SPLIT_K"] == 4  # only the tiers of its M
+    assert tier(3, 4096, 2560) is None  # no tier of that M
+    ratio = module.NEAREST_RATIO
+    assert tier(1, int(4096 * ratio), 2560) is not None and tier(1, int(4096 * ratio) + 1, 2560) is None
+    assert tier(1, 320, int(2560 * ratio) + 8) is None
 
 
 def fence_order() -> list[dict]:
