@@ -36,8 +36,8 @@ timing_sanity:
   replay, hot and L2-flushed). The yardstick (the task's baseline, or the solution given by ``--pair-with``) is built
   and captured during setup, before any candidate code exists in the process, so nothing the candidate does can
   change what its graphs run. The pool (graph_timing's HOT_CALLS call inputs) is checked unchanged and rewritten in
-  place before every pair with that pair's seeded draw (group_inputs with the pair index); schedule_outputs validates
-  the candidate's graph outputs against the oracle after the first three pairs and the last of each regime, and
+  place before every pair with that pair's seeded draw (group_inputs with the pair index); the candidate's graph
+  outputs are set to NaN before every pair and schedule_outputs validates them against the oracle after it, and
   fresh_outputs their storage; timing_sanity holds the flushed median alone to the roofline (hot replays read the
   weight from the L2 and may beat it legitimately). The record's ``paired`` holds every series; ``times_us`` and
   ``median_us`` are the candidate's hot ones.
@@ -451,7 +451,6 @@ class Role:
                             + ("" if median >= roofline else ": faster than possible")
                             + "; the hot median is not held to it (hot replays read the weight from the L2 and may "
                               "beat the HBM roofline legitimately)")
-        self.yardstick = None  # its graphs and callable go before the closing checks
         residency.settle(self.device)
         self.checks("timing", residency_point=False)
 
@@ -521,6 +520,9 @@ class Role:
         self.kept.clear()
         if self.fn is not None:
             self.checks(f"{self.calls} calls")
+        # the yardstick's graphs were alive when the residency baseline was taken: freed only after the last
+        # checkpoint, so that no storage the candidate keeps can take their place unseen
+        self.yardstick = None
         self.record["calls"] = self.calls
         if self.module is not None:
             unload_solution(self.module)

@@ -12,10 +12,11 @@ Pair i replays A then B for even i, B then A for odd i, so that a drift hits bot
 CUDA events after a ``torch.cuda._sleep`` spin that keeps the GPU busy while the host enqueues the events and the
 replay, so the host's launch cost never lands inside the timed region (as evals/bench.graph_us times). Before every
 pair, outside the timed region, ``refill(pair)`` rewrites the static call inputs in place with a fresh seeded draw,
-so that no cache of outputs can pay; after the first ``Plan.checked_pairs`` pairs of each regime and after its last,
-``check(name, regime, pair, outputs)`` sees each callable's static outputs (a callable that captures another kernel
-under graph capture than it runs eagerly is caught there). Pair indices run on across the regimes (hot first), so
-every pair's draw is distinct.
+so that no cache of outputs can pay, and the candidate's static outputs are set to NaN; after every pair
+``check(name, regime, pair, outputs)`` sees the candidate's static outputs (and the yardstick's after the first
+``Plan.checked_pairs`` pairs of each regime and its last): a callable that captures another kernel under graph
+capture than it runs eagerly, or whose replays skip work, is caught there. Pair indices run on across the regimes
+(hot first), so every pair's draw is distinct.
 
 Names: A is the candidate, B the yardstick. ``ratio`` = B's median / A's median, the speedup of A over B; the
 result's ``speedup`` = min(hot ratio, flushed ratio): a speedup counts only where it holds in both regimes. Each
@@ -39,7 +40,7 @@ HOT_CALLS = 8  # calls per hot graph, on as many distinct call inputs
 HOT_PAIRS = 21  # timed pairs of hot replays
 FLUSHED_PAIRS = 101  # timed pairs of flushed replays
 WARM_REPLAYS = 3  # untimed replays of every graph before the pairs
-CHECKED_PAIRS = 3  # the first pairs of each regime whose outputs ``check`` sees (and the regime's last)
+CHECKED_PAIRS = 3  # the first pairs of each regime whose yardstick outputs ``check`` sees (and the regime's last)
 WARMUP_CALLS = 3  # eager calls on a side stream before a capture: compilation, autotuning, library handles
 FLUSH_BYTES = 256 << 20  # four times an H200's L2
 # ~100 us of spinning (H200 SMs clock at most 1.98 GHz): enough for the host to enqueue start event, replay and end
@@ -209,6 +210,15 @@ def _on_cuda(inputs: list[tuple]) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------------- the pairs
+def poison(runner) -> None:
+    """A graph's static floating outputs set to NaN before a pair, outside the timed region: a replay that skips its
+    work leaves them so, and the check after the pair sees it (an eager call makes fresh outputs: nothing to do)."""
+    if getattr(runner, "graphs", False):
+        for out in runner.outputs:
+            if isinstance(out, torch.Tensor) and out.is_floating_point():
+                out.fill_(float("nan"))
+
+
 def paired(fn_a, fn_b, inputs: list[tuple], refill: Callable[[int], None] | None = None,
            check: Callable[[str, str, int, list], None] | None = None, names: tuple[str, str] = ("a", "b"),
            plan: Plan = FULL) -> dict:
@@ -216,9 +226,11 @@ def paired(fn_a, fn_b, inputs: list[tuple], refill: Callable[[int], None] | None
     (at least ``plan.hot_calls`` of them for distinct hot calls; the graphs read these very tensors, so ``refill``
     rewrites them in place). ``fn_a`` and ``fn_b`` are callables, or Subjects that ``prepare`` made on ``inputs``.
 
-    ``refill(pair)`` runs before every pair, outside the timed region; ``check(name, regime, pair, outputs)`` after the
-    first ``plan.checked_pairs`` pairs of each regime and after its last, for each callable (``name`` from ``names``;
-    ``outputs[j]`` was computed from ``inputs[j % len(inputs)]``).
+    ``refill(pair)`` runs before every pair, outside the timed region, and A's static graph outputs are then set to
+    NaN (``poison``); ``check(name, regime, pair, outputs)`` runs after every pair for A, and for B after the first
+    ``plan.checked_pairs`` pairs of each regime and after its last (``name`` from ``names``; ``outputs[j]`` was
+    computed from ``inputs[j % len(inputs)]``). So every timed replay of the candidate must compute every output:
+    one that skips work on replays it cannot tell from the checked ones leaves NaN or a stale value behind.
 
     Returns ``{"protocol", "graphs", "note", "names", "plan", "hot": {...}, "flushed": {...}, "speedup", "calls"}``:
     per regime ``summary``'s record; ``speedup`` = min(hot ratio, flushed ratio); ``calls`` the calls each callable
@@ -235,6 +247,7 @@ def paired(fn_a, fn_b, inputs: list[tuple], refill: Callable[[int], None] | None
     if graphs:
         torch.cuda.synchronize()
     regimes, pair = {}, 0
+    collecting = gc.isenabled()
     gc.disable()  # a collection inside the pairs is the evaluator's noise
     try:
         for regime, pairs in (("hot", plan.hot_pairs), ("flushed", plan.flushed_pairs)):
@@ -243,17 +256,20 @@ def paired(fn_a, fn_b, inputs: list[tuple], refill: Callable[[int], None] | None
             for i in range(pairs):
                 if refill is not None:
                     refill(pair)
+                poison(subjects[a].regimes[regime])
                 for name in ((a, b) if i % 2 == 0 else (b, a)):
                     runner = subjects[name].regimes[regime]
                     series[name].append(runner.timed(flush if regime == "flushed" else None))
                     subjects[name].calls += len(runner.calls)
-                if check is not None and (i < plan.checked_pairs or i == pairs - 1):
+                if check is not None:  # A's outputs after every pair; B's, the task's own, after the first and last
                     for name in names:
-                        check(name, regime, pair, subjects[name].regimes[regime].outputs)
+                        if name == a or i < plan.checked_pairs or i == pairs - 1:
+                            check(name, regime, pair, subjects[name].regimes[regime].outputs)
                 pair += 1
             regimes[regime] = summary(series, names, plan.hot_calls if regime == "hot" else 1, pairs, first)
     finally:
-        gc.enable()
+        if collecting:
+            gc.enable()
     del flush
     ratios = [regimes[r]["ratio"] for r in regimes]
     return {"protocol": PROTOCOL, "graphs": graphs, "note": GRAPH_NOTE if graphs else EAGER_NOTE,

@@ -19,7 +19,7 @@ The timing follows the task's protocol (its manifest's ``timing``):
   (medians, ratio, interquartile spreads p75/p25, the series), ``spread`` the larger of the candidate's two spreads
   minus 1 (the noise agent/evaluate.py's compare weighs), GB/s and %copy the flushed median's (the hot replays read
   the weight from the L2). The inputs are drawn afresh before every pair, and the candidate's graph outputs are
-  checked against the oracle after the first pairs and the last of each regime (``checks["graph_outputs"]``). Graph
+  set to NaN before and checked against the oracle after every pair (``checks["graph_outputs"]``). Graph
   replay keeps the host out of the timed region, so no host-bound probe runs: ``stable`` is True and says why.
   Without CUDA there are no graphs: the pairs run eagerly with the same record (interpreter wall times).
 

@@ -24,7 +24,8 @@ or the adapter's callable, which a role runs with ``--baseline-callable``), or t
   and captured before the candidate; a role runs with ``--pair-with DIR`` where the baseline is a solution).
   Dispersion: each of the four series (candidate and baseline, hot and flushed) has an interquartile spread p75/p25 <=
   1.15, and baseline_agreement: the baseline's medians over the first and the second half of the pairs agree within
-  1.15 in each regime; a missing series fails both. Case score = min(hot ratio, flushed ratio), each the baseline's
+  1.15 in each regime; a missing series fails dispersion, and a missing baseline series baseline_agreement too.
+  Case score = min(hot ratio, flushed ratio), each the baseline's
   median over the candidate's: a speedup counts only where it holds in both regimes. timing_sanity holds the flushed
   median alone to the copy-bandwidth roofline.
 
@@ -262,7 +263,8 @@ def judge_paired(record: dict, gates: dict) -> float | None:
     of the pairs within DISPERSION_LIMIT of each other, in each regime."""
     spreads = {(regime, who): graph_timing.spread(paired_series(record, regime, who))
                for regime, who in PAIRED_SERIES}
-    bad = [(regime, who) for (regime, who), value in spreads.items() if value is None or value > DISPERSION_LIMIT]
+    # a missing or NaN spread fails ("not <=" holds for NaN)
+    bad = [(regime, who) for (regime, who), value in spreads.items() if value is None or not value <= DISPERSION_LIMIT]
     gates["dispersion"] = {"status": "fail" if bad else "pass", "evidence": [
         ", ".join(f"{regime} {who} p75/p25 {kh.cell(value, '.3f')}" for (regime, who), value in spreads.items())
         + (f"; over {DISPERSION_LIMIT} or missing: {', '.join(f'{r} {w}' for r, w in bad)}" if bad else "")]

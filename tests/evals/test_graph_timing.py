@@ -32,9 +32,9 @@ def test_a_regime_record_names_both_callables_and_the_ratio_is_the_yardsticks_ov
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the eager fallback runs where there is no CUDA")
 def test_without_cuda_the_pairs_run_eagerly_in_alternation_with_refills_and_checks():
     """The record has the protocol's structure; pair i calls the candidate first when i is even; every pair is
-    refilled first with its own index (running on across the regimes); the checks see each callable's outputs of the
-    refilled inputs after the first ``checked_pairs`` pairs of each regime and after its last. A callable 200 times
-    slower ranks slower in both regimes."""
+    refilled first with its own index (running on across the regimes); the checks see the candidate's outputs of the
+    refilled inputs after every pair, and the yardstick's after the first ``checked_pairs`` pairs of each regime and
+    after its last. A callable 200 times slower ranks slower in both regimes."""
     plan = gt.Plan(hot_calls=3, hot_pairs=5, flushed_pairs=4, warm_replays=1, checked_pairs=2)
     weight = torch.randn(256, 256)
     inputs = [(torch.zeros(64, 256),) for _ in range(4)]
@@ -71,9 +71,10 @@ def test_without_cuda_the_pairs_run_eagerly_in_alternation_with_refills_and_chec
     # which callable a pair called first, told by the refilled values (pair 0's are the warm-up's zeros too)
     order = [next(name for name, mark in events if mark == 100 * pair) for pair in range(1, 9)]
     assert order == ["fast", "slow", "fast", "slow", "slow", "fast", "slow", "fast"]  # flushed pairs restart at even
+    every = {"hot": range(0, 5), "flushed": range(5, 9)}
     assert [(n, r, p, count) for n, r, p, count, _ in checks] == [
-        (name, "hot", p, 3) for p in (0, 1, 4) for name in ("slow", "fast")] + [
-        (name, "flushed", p, 1) for p in (5, 6, 8) for name in ("slow", "fast")]
+        (name, regime, p, 3 if regime == "hot" else 1) for regime in ("hot", "flushed") for p in every[regime]
+        for name in ("slow", "fast") if name == "slow" or p in ((0, 1, 4) if regime == "hot" else (5, 6, 8))]
     assert all(ok for *_, ok in checks)
     for name, pairs in (("hot", 5), ("flushed", 4)):
         record = found[name]
@@ -174,3 +175,40 @@ def test_a_callable_that_captures_another_kernel_than_it_runs_is_caught_by_the_c
     gt.paired(cheat, lambda x: x * 2.0, inputs, refill, check, names=("cheat", "honest"), plan=gt.SMOKE)
     assert {ok for name, ok in seen if name == "cheat"} == {False}
     assert {ok for name, ok in seen if name == "honest"} == {True}
+
+
+@pytest.mark.gpu
+def test_a_graph_whose_replays_skip_work_leaves_nan_that_the_check_after_every_pair_sees():
+    """A kernel that computes on one replay in ten (a counter kept across calls tells which): every pair's outputs
+    are set to NaN first and checked after, so the skipped replays show, wherever they fall."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def every_tenth(x_ptr, y_ptr, count_ptr, n, BLOCK: tl.constexpr):
+        seen = tl.atomic_add(count_ptr, 1)
+        offs = tl.arange(0, BLOCK)
+        if seen % 10 == 0:
+            tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2.0, mask=offs < n)
+
+    device = torch.device("cuda")
+    count = torch.zeros(1, dtype=torch.int32, device=device)
+    inputs = [(torch.randn(64, device=device),) for _ in range(gt.HOT_CALLS)]
+
+    def cheat(x):
+        y = torch.empty_like(x)
+        every_tenth[(1,)](x, y, count, x.numel(), BLOCK=64)
+        return y
+
+    def refill(pair):
+        for (x,) in inputs:
+            x.normal_()
+
+    verdicts = []
+
+    def check(name, regime, pair, outputs):
+        if name == "cheat":
+            verdicts.append(all(torch.allclose(out, inputs[j % len(inputs)][0] * 2.0) for j, out in enumerate(outputs)))
+
+    gt.paired(cheat, lambda x: x * 2.0, inputs, refill, check, names=("cheat", "honest"))
+    assert len(verdicts) == gt.HOT_PAIRS + gt.FLUSHED_PAIRS and verdicts.count(False) > len(verdicts) // 2
