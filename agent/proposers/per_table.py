@@ -50,8 +50,8 @@ MERGE_GAIN = 1.10
 """A merge comes as soon as the incumbents' numbers put the score this far over the best's: a gain the keep rule's
 noise cannot hide."""
 MERGE_AFTER = 3
-"""Else after this many steps from the best: a step costs a selfcheck, a merge also the time against the best and the
-task's checks (on the H200 about 18 s against 65 s), so smaller wins gather over a few steps first."""
+"""Else after this many steps from the best: a step costs one selfcheck, a merge also the time against the best and
+the task's checks, several times as long (reports/examples/llgemm-seed002), so smaller wins gather first."""
 FALLBACK = "FALLBACK"
 SHOWN = 6  # changes a summary names before "and N more"
 
@@ -98,8 +98,8 @@ def summarize(kind: str, moved: list[Change]) -> str:
 class History:
     """The ledger's rows and the snapshots they name, each read once."""
 
-    def __init__(self, tools: Tools, task: Task):
-        self.tools, self.task = tools, task
+    def __init__(self, tools: Tools, task: Task, gpu: bool):
+        self.tools, self.task, self.gpu = tools, task, gpu
         self.sources: dict[str, str | None] = {}
         self.cases: dict[str, dict[str, float]] = {}
         ledger = tools.read_file(task.ledger)["output"]
@@ -112,16 +112,30 @@ class History:
         return self.sources[version]
 
     def speedups(self, version: str) -> dict[str, float]:
-        """Case name -> speedup against the baseline in that version's own selfcheck (its verdict's ``cases``; a case
-        that was wrong or raised has none)."""
+        """Case name -> speedup against the baseline in that version's own selfcheck (its verdict's ``cases``); none
+        from a version that was not correct on every case (a kernel wrong anywhere is trusted nowhere: a race in
+        shared code shows on a few cases only) or whose numbers were taken on another kind of device than the
+        best's (``gpu``)."""
         if version not in self.cases:
             read = self.tools.read_file(f"{self.task.versions_dir}/{version}/verdict.json")
             try:
-                cases = (json.loads(read["output"]).get("cases") or []) if not read["returncode"] else []
+                verdict = json.loads(read["output"]) if not read["returncode"] else {}
             except ValueError:
-                cases = []
-            self.cases[version] = _speedups({c.get("name"): c for c in cases if isinstance(c, dict)})
+                verdict = {}
+            cases = verdict.get("cases") or []
+            trusted = verdict.get("correct") is True and bool(verdict.get("gpu_timing")) == self.gpu
+            self.cases[version] = _speedups({c.get("name"): c for c in cases if isinstance(c, dict)}) if trusted \
+                else {}
         return self.cases[version]
+
+    def configurations(self) -> set[tuple]:
+        """(table name, its entries) of every table of every recorded version: what has been evaluated."""
+        found = set()
+        for row in self.rows:
+            source = self.source(row["version"])
+            if source is not None:
+                found |= {configuration(t.name, t.entries) for t in find_tables(source, self.task)}
+        return found
 
     def moved(self, row: dict) -> list[Change]:
         """What a row's version changed against its parent (nothing when either snapshot is missing)."""
@@ -129,6 +143,10 @@ class History:
         if mine is None or theirs is None:
             return []
         return changes(find_tables(theirs, self.task), find_tables(mine, self.task))
+
+
+def configuration(name: str, entries: dict) -> tuple:
+    return name, tuple(sorted((knob, repr(value)) for knob, value in entries.items()))
 
 
 def _speedups(cases: dict) -> dict[str, float]:
@@ -167,6 +185,8 @@ def incumbents(history: History, best_label: str | None, tables: list[Table], sh
         for table, moved in _by_table(history.moved(own)).items():
             if table in found and len(moved) == 1:
                 found[table].won = moved[0]
+    if own is not None and own.get("summary / hypothesis", "").startswith(STEP):
+        undo_losses(history, own, tables, found)
     for row in history.rows:
         if best_label is None or row.get("parent") != best_label:
             continue
@@ -187,6 +207,25 @@ def incumbents(history: History, best_label: str | None, tables: list[Table], sh
     for table in tables:
         found[table.name].changes = changes([table], [replace_entries(table, found[table.name].entries)])
     return found
+
+
+def undo_losses(history: History, row: dict, tables: list[Table], found: dict[str, Incumbent]) -> None:
+    """A step the keep rule kept (its score beat the best's) still holds the moves that lost: each table whose cases
+    did not all win by the margin over the step's parent takes the parent's values and numbers back as its incumbent,
+    so that the next merge undoes its move. Nothing to compare where the parent's numbers are not trusted."""
+    parent, before = history.source(row["parent"]), history.speedups(row["parent"])
+    if parent is None or not before:
+        return
+    theirs = {t.name: t.entries for t in find_tables(parent, history.task)}
+    for table in tables:
+        incumbent = found[table.name]
+        old = theirs.get(table.name)
+        if old is None or old == table.entries or not incumbent.speedups:
+            continue
+        if not all(case in before and value >= before[case] * (1 + MARGIN)
+                   for case, value in incumbent.speedups.items()):
+            incumbent.entries = dict(old)
+            incumbent.speedups = {case: before[case] for case in incumbent.speedups if case in before}
 
 
 def score(numbers: dict[str, float], shapes: dict[str, Shape]) -> float | None:
@@ -236,9 +275,10 @@ def losing(tables: list[Table], found: dict[str, Incumbent], space: Space) -> li
 def next_move(table: Table, moves: list[Move], tried: set[tuple], last_won: Change | None, space: Space,
               general: Table) -> Move | None:
     """The table's next move from its incumbent: on along the direction that last won for it, else its first untried
-    neighbour (the move's order: ``single_moves``)."""
+    neighbour (the move's order: ``single_moves``). A move is tried when the table configuration it makes has been
+    evaluated (``tried``: ``configuration`` of every recorded version's tables)."""
     def allowed(move: Move) -> bool:
-        key = (table.name, move.knob, repr(move.current), repr(move.value))
+        key = configuration(table.name, {**table.entries, move.knob: move.value})
         return key not in tried and not refused([general, table], space, {(table.name, move.knob): move.value})
 
     if last_won is not None and last_won.knob in space.knobs and table.entries.get(last_won.knob) == last_won.new:
@@ -255,11 +295,12 @@ def next_move(table: Table, moves: list[Move], tried: set[tuple], last_won: Chan
 
 def iterate(context: IterationContext, tools: Tools, source: str, tables: list[Table], space: Space,
             known) -> None:
-    """One per-table attempt (a merge when some incumbent differs from the best and the last attempt was a step, or
-    in the run's last iteration; else a step). ``known(proposal)`` says whether the ledger holds that solution
-    already. Ends in ``tools.submit``, or LimitsExceeded when no table has a move left."""
+    """One per-table attempt: a merge when some incumbent differs from the best and the incumbents' numbers put the
+    score MERGE_GAIN over the best's, or MERGE_AFTER steps have been made from the best, or in the run's last
+    iteration; else a step. ``known(proposal)`` says whether the ledger holds that solution already. Ends in
+    ``tools.submit``, or LimitsExceeded when no table has a move left."""
     task = tools.task
-    history = History(tools, task)
+    history = History(tools, task, gpu=not (context.profile or {}).get("interpreted", True))
     shapes = panel_shapes(context.profile, task)
     best = _speedups({(c.get("case") or {}).get("name"): c for c in (context.profile or {}).get("cases") or []})
     found = incumbents(history, context.best, tables, shapes, best)
@@ -296,14 +337,7 @@ def iterate(context: IterationContext, tools: Tools, source: str, tables: list[T
 def step(tools: Tools, history: History, tables: list[Table], found: dict[str, Incumbent], space: Space,
          context: IterationContext, submit) -> None:
     """Every table that decides a panel shape at its incumbent plus its own next untried move."""
-    tried: set[tuple] = set()
-    for row in history.rows:
-        if row.get("summary / hypothesis", "").startswith(STEP):
-            tried |= {(c.table, c.knob, repr(c.old), repr(c.new)) for c in history.moved(row)}
-    for incumbent in found.values():  # a win is never undone by its reverse
-        if incumbent.won is not None:
-            won = incumbent.won
-            tried.add((won.table, won.knob, repr(won.new), repr(won.old)))
+    tried = history.configurations() | {configuration(t.name, t.entries) for t in tables}
     current = [replace_entries(t, found[t.name].entries) for t in tables]
     by_table: dict[str, list[Move]] = {}
     for move in single_moves(current, context.profile, space, tools.task):

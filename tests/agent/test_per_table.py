@@ -46,18 +46,18 @@ CASES = {"a": ("m1", 1, 64), "b": ("m2", 2, 64), "c": ("m1", 1, 128)}  # held by
 
 
 def profile(speedups: dict[str, float]) -> dict:
-    return {"cases": [{"case": {"name": name, "stratum": s, "m": m, "n": n, "k": 64, "seed": 1},
+    return {"interpreted": False, "cases": [{"case": {"name": name, "stratum": s, "m": m, "n": n, "k": 64, "seed": 1},
                        "speedup": speedups[name], "correct": True} for name, (s, m, n) in CASES.items()]}
 
 
 def record(tools, version: str, parent: str, source: str, summary: str, decision: str,  # noqa: F811
-           speedups: dict[str, float] | None = None) -> None:
+           speedups: dict[str, float] | None = None, correct: bool = True, gpu: bool = True) -> None:
     """A snapshot, its verdict's cases and its ledger row, as the loop writes them."""
     folder = tools.task.versions / version
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "solution.py").write_text(source)
     cases = [{"name": n, "stratum": CASES[n][0], "speedup": v, "correct": True} for n, v in (speedups or {}).items()]
-    (folder / "verdict.json").write_text(json.dumps({"cases": cases}))
+    (folder / "verdict.json").write_text(json.dumps({"correct": correct, "gpu_timing": gpu, "cases": cases}))
     ledger = tools.task.ledger_path
     row = {"version": version, "run": RUN, "parent": parent, "summary / hypothesis": summary, "decision": decision,
            "sha256": hashlib.sha256(source.encode()).hexdigest()}  # solution.py's own: how the search knows a try
@@ -131,6 +131,37 @@ def test_small_wins_gather_over_steps_before_a_merge(tools):  # noqa: F811
     # BLOCK won first; at its end (64) the table went on to SPLIT, which won, and on along it (momentum)
     assert submitted.summary == "per-table merge: 1 table(s): TIERS[0] BLOCK 32->64, TIERS[0] SPLIT 1->4"
     assert [(e["BLOCK"], e["SPLIT"]) for e in entries(merged, tools.task)] == [(64, 4), (32, 1), (32, 1)]
+
+
+@pytest.mark.parametrize("trusted", [{"correct": False}, {"gpu": False}], ids=["a-wrong-case", "interpreter-timed"])
+def test_no_credit_from_an_attempt_wrong_anywhere_or_timed_on_another_device(tools, trusted):  # noqa: F811
+    """A step wrong on any case (a bug in shared code shows on a few cases only), or timed under the interpreter
+    while the best was timed on a GPU, makes no incumbent: the next attempt is another step, not a merge."""
+    tools.task = replace(tools.task, **FACTS)
+    start = {"a": 1.0, "b": 0.8, "c": 1.2}
+    record(tools, "v1", "v0", SOURCE, "start", "keep")
+    step, submitted = propose(tools, SOURCE, start)
+    record(tools, "v2", "v1", step, submitted.summary, "revert", {"a": 2.0, "b": 2.0, "c": 2.0}, **trusted)
+    _, submitted = propose(tools, SOURCE, start, last="v2")
+    assert submitted.summary.startswith("per-table step"), submitted.summary
+
+
+def test_a_kept_step_gives_back_the_moves_that_lost(tools):  # noqa: F811
+    """The keep rule may keep a step whose score beat the best's: the tables whose move did not win go back to the
+    parent's values as their incumbents (here TIERS[1]'s loss alone is worth a merge), and move on from there."""
+    tools.task = replace(tools.task, **FACTS)
+    start = {"a": 1.0, "b": 0.8, "c": 1.2}
+    record(tools, "v1", "v0", SOURCE, "start", "keep", start)
+    step, submitted = propose(tools, SOURCE, start)
+    after = {"a": 3.0, "b": 0.7, "c": 1.2}  # TIERS[0] won by far, TIERS[1] lost, TIERS[2] stood still
+    record(tools, "v2", "v1", step, submitted.summary, "keep (1.300x best, noise 0.010)", after)
+    proposal, submitted = propose(tools, step, after, last="v2", label="v2")
+    assert submitted.summary == "per-table merge: 2 table(s): TIERS[1] BLOCK 64->32, TIERS[2] BLOCK 64->32"
+    assert [e["BLOCK"] for e in entries(proposal, tools.task)] == [64, 32, 32]
+    record(tools, "v3", "v2", proposal, submitted.summary, "revert (1.01x best, noise 0.02)", start | {"a": 3.0})
+    proposal, submitted = propose(tools, step, after, last="v3", label="v2")  # not kept: on from the incumbents
+    assert submitted.summary.startswith("per-table step: 3 table(s): TIERS[0] SPLIT 1->2, TIERS[1] BLOCK 32->16")
+    assert [e["BLOCK"] for e in entries(proposal, tools.task)] == [64, 16, 16]
 
 
 def test_a_won_direction_is_followed_first(tools):  # noqa: F811
