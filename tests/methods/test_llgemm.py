@@ -1,8 +1,8 @@
-"""The llgemm kernel family (tasks/llgemm, as v8 has it: v0's kernel with the split-K fences and the nearest-tier plan)
-under every
-plan shape its search space reaches: tensor-core and CUDA-core reductions, one share or several, odd N and K, M from
-1 to 16 and past it. On CPU the interpreter runs it; the compile test checks the sm90 code without a GPU; the stress
-test (mark gpu) calls split plans many times on the shapes where the unfenced kernel returned zeros."""
+"""The llgemm kernel family (tasks/llgemm, as v8 has it: v0's kernel with the split-K fences and the nearest-tier
+plan) under every plan shape its search space reaches: tensor-core and CUDA-core reductions, one share or several,
+odd N and K, M from 1 to 16 and past it. On CPU the interpreter runs it; the compile test checks the sm90 code without
+a GPU; the stress test (mark gpu) calls split plans many times on shapes where a split reduction without its fences
+can return zeros."""
 from __future__ import annotations
 
 import importlib.util

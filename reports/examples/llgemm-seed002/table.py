@@ -26,7 +26,7 @@ def geomean(values):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("selfcheck")
-    parser.add_argument("--ledger", help="the task's ledger, to count a run's attempts and their wall time")
+    parser.add_argument("--ledger", help="the task's ledger, to count a run's attempts and its kept versions")
     parser.add_argument("--run", action="append", default=[], help="run id(s) whose rows to count")
     args = parser.parse_args()
     seed = json.loads((HERE / "seed002_table.json").read_text())
