@@ -8,9 +8,9 @@ more attempts than a run makes. Here every table keeps its own incumbent, the be
 cases it holds, and attempts are of two kinds:
 
 - a **step** gives every table that decides a panel shape (a tier, or the general table for the shapes no tier
-  holds) its incumbent plus one move: the next untried neighbour of
-  one knob (on along the direction that last won for that table first, then nearest first in the space's knob
-  order), so that one evaluation times a move of every table;
+  holds) its incumbent plus one move: the next untried neighbour of one knob (on along the direction that last won
+  for that table first, then nearest first in the space's knob order), so that one evaluation times a move of every
+  table;
 - a **merge** gives every table its incumbent and moves nothing: only measured wins, so the loop's keep rule (faster
   than the best beyond noise, both timed in one process) keeps it once the wins add up past the noise. A merge comes
   when the incumbents' numbers put the score ``MERGE_GAIN`` over the best's, or after ``MERGE_AFTER`` steps from the
@@ -23,10 +23,11 @@ solution's fallback (a knob named ``FALLBACK`` with values ``[False, True]``, wh
 table whose incumbent runs slower than the baseline on every case it holds, as seed 002 kept a plan only where it
 won.
 
-Everything comes from the ledger and the snapshots (``versions/vN/solution.py`` and ``verdict.json``): the moves each
-step made against its parent (never tried again from the same value, in this run or a later one) and, for the attempts
-made from the best (in any run), the numbers that make the incumbents. So a resumed run, or a new one started from the
-best (``--from vN``), goes on where the last stopped. Nothing here imports candidate code.
+Everything comes from the ledger and the snapshots (``versions/vN/solution.py`` and ``verdict.json``): every table
+configuration a recorded version holds (a move that would make one again is tried, in this run or a later one) and,
+for the attempts made from the best (in any run) that were correct on every case and timed on the best's kind of
+device, the numbers that make the incumbents. So a resumed run, or a new one started from the best (``--from vN``),
+goes on where the last stopped. Nothing here imports candidate code.
 """
 from __future__ import annotations
 
