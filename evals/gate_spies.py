@@ -144,7 +144,7 @@ def tamper_snapshot(task) -> dict[str, object]:
     checks = {f"adapter.{name}": getattr(task.adapter, name) for name in ADAPTER_CHECKS
               if hasattr(task.adapter, name)}
     graphs = {}
-    if getattr(task, "manifest", {}).get("timing") == "graph-paired":
+    if getattr(task, "graph_paired", False):
         cls = torch.cuda.CUDAGraph
         graphs = {"torch.cuda.graph": torch.cuda.graph, "torch.cuda.CUDAGraph": cls,
                   "torch.cuda.CUDAGraph.replay": cls.replay, "torch.cuda.CUDAGraph.capture_begin": cls.capture_begin,

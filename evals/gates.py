@@ -184,7 +184,7 @@ class Role:
                  plan: graph_timing.Plan = graph_timing.FULL) -> None:
         self.task, self.adapter = task, task.adapter
         self.solution_dir, self.case, self.schedule, self.timing = solution_dir, case, schedule, timing
-        self.paired = task.manifest["timing"] == graph_timing.PROTOCOL
+        self.paired = task.graph_paired
         self.yardstick_dir, self.plan, self.yardstick = yardstick, plan, None
         self.device, self.book, self.record = device, book, record
         self.shape, self.dtype = tuple(self.adapter.output_shape(case)), self.adapter.OUTPUT_DTYPE

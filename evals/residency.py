@@ -53,7 +53,7 @@ def default_calls(task: tasks.Task, interpreted: bool) -> int:
     interpreter."""
     if interpreted:
         return CALLS_INTERPRETED
-    return CALLS_GRAPH if task.manifest["timing"] == "graph-paired" else CALLS_CUDA
+    return CALLS_GRAPH if task.graph_paired else CALLS_CUDA
 
 
 @dataclass

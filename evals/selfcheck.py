@@ -89,10 +89,6 @@ PAIR_SEED = 100  # graph-paired: pair p's call inputs are the seeded draw PAIR_S
 UNMEASURED = "not measured: no CUDA (interpreter)"
 
 
-def graph_paired(task: tasks.Task) -> bool:
-    return task.manifest["timing"] == graph_timing.PROTOCOL
-
-
 def graph_plan(device) -> graph_timing.Plan:
     """The graph-paired counts: the protocol's on CUDA, the smoke counts under the interpreter."""
     return graph_timing.FULL if device.type == "cuda" else graph_timing.SMOKE
@@ -101,7 +97,7 @@ def graph_plan(device) -> graph_timing.Plan:
 def case_record(result: "CaseResult", task: tasks.Task) -> dict:
     """A case as the report holds it; the graph-paired fields only in a graph-paired task's report."""
     record = asdict(result)
-    if not graph_paired(task):
+    if not task.graph_paired:
         for name in GRAPH_FIELDS:
             del record[name]
     return record
@@ -176,7 +172,7 @@ def evaluate_case(task: tasks.Task, module, baseline, case, device, plan: Timing
     """One case: correctness in every regime, then the candidate and ``baseline`` (``(weights, case) -> callable``)
     timed in alternating groups, the check after timing and, on CUDA, the host-bound probe; for a graph-paired task
     the two timed by ``time_paired`` instead, and no probe."""
-    if graph_paired(task):
+    if task.graph_paired:
         return evaluate_paired(task, module, baseline, case, device, copy_gbps)
     adapter = task.adapter
     result = CaseResult(case=kh.case_dict(case), bytes=adapter.bytes_moved(case))
@@ -316,7 +312,7 @@ def run(solution: Path, panel: str, baseline_dir: Path | None = None, log=print,
     baseline, label = tasks.baseline_builder(task, baseline_dir)
     timing, note = asdict(plan), ("interpreter wall time, not GPU timing" if info.interpreted
                                   else "CUDA events, median of groups")
-    if graph_paired(task):
+    if task.graph_paired:
         timing = {"protocol": graph_timing.PROTOCOL, "graphs": not info.interpreted, **asdict(graph_plan(info.device))}
         note = (graph_timing.EAGER_NOTE if info.interpreted else "CUDA-graph replay, the candidate paired with the "
                 "baseline, hot and L2-flushed: medians of the hot replays; speedup = min(hot ratio, flushed ratio)")
@@ -334,11 +330,11 @@ def run(solution: Path, panel: str, baseline_dir: Path | None = None, log=print,
                    for case in cases]
     else:
         results = []
-        log(header(task.adapter.MODES, graph_paired(task)))
+        log(header(task.adapter.MODES, task.graph_paired))
         for case in cases:
             progress(case.name)
             results.append(evaluate_case(task, module, baseline, case, info.device, plan, report["copy_gbps"]))
-            log(format_row(results[-1], task.adapter.MODES, graph_paired(task)))
+            log(format_row(results[-1], task.adapter.MODES, task.graph_paired))
     report["cases"] = [case_record(r, task) for r in results]
     report.update(summarize(results))
     return report

@@ -45,10 +45,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 TASKS_DIR = ROOT / "tasks"
 DEFAULT_TASK = "w4a16"
+GRAPH_PAIRED = "graph-paired"
 # the timing protocols this evaluator implements (a manifest's "timing"); another protocol needs its timer here first
 TIMING_PROTOCOLS = {
     "eager-groups": "the verifier's groups of eager calls, three roles per case (tasks/w4a16/spec.md's schedule)",
-    "graph-paired": "CUDA-graph replay, the candidate paired with the baseline in one process, hot and L2-flushed "
+    GRAPH_PAIRED: "CUDA-graph replay, the candidate paired with the baseline in one process, hot and L2-flushed "
                     "(evals/graph_timing.py)",
 }
 
@@ -92,6 +93,11 @@ class Task:
     @property
     def stages(self) -> list[str]:
         return list(self.manifest["stages"])
+
+    @property
+    def graph_paired(self) -> bool:
+        """Whether the task is timed by the graph-paired protocol (evals/graph_timing.py), else by eager groups."""
+        return self.manifest["timing"] == GRAPH_PAIRED
 
     def declares(self, stage: str) -> bool:
         return stage in self.manifest["stages"]
@@ -171,7 +177,7 @@ def read_manifest(folder: Path) -> dict:
         raise TaskError(f"{folder / 'task.json'}: timing {manifest['timing']!r} is not a protocol this evaluator "
                         "implements; give one of:\n" + "\n".join(f"  {name}: {what}"
                                                                for name, what in TIMING_PROTOCOLS.items()))
-    if manifest["timing"] == "graph-paired" and "qualify" in manifest["stages"]:
+    if manifest["timing"] == GRAPH_PAIRED and "qualify" in manifest["stages"]:
         raise TaskError(f"{folder / 'task.json'}: a graph-paired task has no qualify stage (the qualification times "
                         "the eager-groups schedule; graph replay keeps the host out of the timed region): remove "
                         "qualify from its stages")

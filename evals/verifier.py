@@ -201,7 +201,7 @@ def judge_case(task: tasks.Task, case, roles: dict[str, dict], policy: dict, gat
             f"not evaluated: {', '.join(missing)}"
             + (f" ({candidate['error']['message'][:300]})" if candidate.get("error") else "")
             if missing or crash else f"every gate ran on {case.name}"]}
-    paired = task.manifest["timing"] == graph_timing.PROTOCOL
+    paired = task.graph_paired
     medians = paired_medians(candidate) if paired else {role: r.get("median_us") for role, r in roles.items()}
     ratio = None
     if gates_only or candidate.get("median_us") is None:
@@ -317,7 +317,7 @@ def judge(task: tasks.Task, solution: Path, panel: str, baseline: Path | None, g
     policy = policy_gate(solution)
     log(f"{info.message}\npolicy: {policy['status']}"
         + ("" if policy["status"] == "pass" else "\n    " + "\n    ".join(policy["evidence"][:10])))
-    paired = task.manifest["timing"] == graph_timing.PROTOCOL
+    paired = task.graph_paired
     log(PAIRED_HEADER if paired else HEADER)
     head = {"task": task.name, "limit": DISPERSION_LIMIT, "solution": str(solution),
             "baseline": solution_label(task, baseline),
