@@ -35,7 +35,8 @@ import torch
 from evals import kernel_harness as kh
 from evals import power, stability
 from evals import task as tasks
-from evals.graph_timing import FLUSH_BYTES, SPIN_CYCLES  # the L2 flush and the spin graph-paired times with too
+from evals import graph_timing
+from evals.graph_timing import FLUSH_BYTES  # the L2 flush the graph-paired pairs read too
 from evals.loader import load_solution, resolve_solution_dir
 from evals.selfcheck import error_line
 
@@ -62,36 +63,6 @@ class Row:
 # ------------------------------------------------------------------------------------------------ timing
 def eager_us(fn, inputs, untimed: int, groups: int, per_group: int) -> float:
     times = kh.time_groups(fn, inputs, groups, per_group, warmup=untimed)
-    return kh.median(times)
-
-
-def graph_us(fn, inputs: tuple, flush: torch.Tensor | None, replays: int = 50) -> float:
-    """Median GPU time of one call (on the call inputs ``inputs``) replayed from a CUDA graph; with ``flush``, the L2
-    is evicted before each.
-
-    The events bracket the replay alone (the flush and a spin kernel run before the start event), and the spin keeps
-    the GPU busy while the host enqueues, so that the time is the graph's GPU time, not the host's launch latency."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn(*inputs)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn(*inputs)
-    times = []
-    for _ in range(replays):
-        if flush is not None:
-            # a read, not a write: the L2 is left holding clean lines, so the timed replay pays no write-back of them
-            flush.view(torch.float32).sum()
-        torch.cuda._sleep(SPIN_CYCLES)  # the GPU is busy while the host enqueues the events and the replay
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000)
     return kh.median(times)
 
 
@@ -148,8 +119,8 @@ def bench_impl(task: tasks.Task, name: str, note: str, build, case, problem: tas
         ref = adapter.reference(problem.weights, problem.inputs, case)
         row.correct = adapter.check_output(fn(*problem.inputs), ref, case).ok
         row.eager_us = eager_us(fn, inputs, *((8192, 11, 512) if full else (512, 11, 64)))
-        row.graph_hot_us = graph_us(fn, inputs[0], None)
-        row.graph_flushed_us = graph_us(fn, inputs[0], flush)
+        row.graph_hot_us = graph_timing.replay_us(fn, inputs[0], None)
+        row.graph_flushed_us = graph_timing.replay_us(fn, inputs[0], flush)
         row.flushed_copy_fraction = adapter.bytes_moved(case) / row.graph_flushed_us / 1e3 / copy_gbps
         found = stability.probe(fn, inputs, device)
         row.host_us, row.gpu_us = found["host_us"], found["gpu_us"]

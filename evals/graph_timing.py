@@ -10,9 +10,9 @@ inputs, and the two are timed in one process, in alternation, in two regimes:
 
 Pair i replays A then B for even i, B then A for odd i, so that a drift hits both alike. Every replay is bracketed by
 CUDA events after a ``torch.cuda._sleep`` spin that keeps the GPU busy while the host enqueues the events and the
-replay, so the host's launch cost never lands inside the timed region (as evals/bench.graph_us times). Before every
-pair, outside the timed region, ``refill(pair)`` rewrites the static call inputs in place with a fresh seeded draw,
-so that no cache of outputs can pay, and the candidate's static outputs are set to NaN; after every pair
+replay, so the host's launch cost never lands inside the timed region (``replay_us`` times one callable alone so).
+Before every pair, outside the timed region, ``refill(pair)`` rewrites the static call inputs in place with a fresh
+seeded draw, so that no cache of outputs can pay, and the candidate's static outputs are set to NaN; after every pair
 ``check(name, regime, pair, outputs)`` sees the candidate's static outputs (and the yardstick's after the first
 ``Plan.checked_pairs`` pairs of each regime and its last): a callable that captures another kernel under graph
 capture than it runs eagerly, or whose replays skip work, is caught there. Pair indices run on across the regimes
@@ -35,6 +35,7 @@ from typing import Callable
 import torch
 
 from evals import kernel_harness as kh
+from evals.task import GRAPH_PAIRED
 
 HOT_CALLS = 8  # calls per hot graph, on as many distinct call inputs
 HOT_PAIRS = 21  # timed pairs of hot replays
@@ -46,7 +47,7 @@ FLUSH_BYTES = 256 << 20  # four times an H200's L2
 # ~100 us of spinning (H200 SMs clock at most 1.98 GHz): enough for the host to enqueue start event, replay and end
 # event while the GPU is busy, so that host launch cost never lands between the two events
 SPIN_CYCLES = 200_000
-PROTOCOL = "graph-paired"
+PROTOCOL = GRAPH_PAIRED
 GRAPH_NOTE = "graph replay: the host's cost is outside the timed region"
 EAGER_NOTE = ("no CUDA: no graphs exist, so the graph-paired pairs ran eagerly (the flushed regime without a flush); "
               "interpreter wall times, not GPU timing")
@@ -177,6 +178,14 @@ class _Graph:
         end.record()
         end.synchronize()
         return start.elapsed_time(end) * 1000 / len(self.calls)
+
+
+def replay_us(fn: Callable, inputs: tuple, flush: torch.Tensor | None, replays: int = 50) -> float:
+    """Median GPU time of one call on ``inputs`` replayed from a CUDA graph, timed as the pairs are (the spin keeps
+    the host's launch out of the timed region); with ``flush`` (FLUSH_BYTES), the L2 is evicted before each replay.
+    The bench, profile and sweep time a callable alone this way."""
+    runner = _Graph(fn, [inputs], "callable")
+    return kh.median([runner.timed(flush) for _ in range(replays)])
 
 
 class Subject:

@@ -15,8 +15,9 @@ where the board sat at its power limit with its SM clock lowered). ``--solution`
 ``--overrides JSON`` passes tuning overrides to a family's entry point as ``config=`` (``task.build``). The two
 ceilings are measured once per device and cached in ~/.cache/kloop/. Without a GPU it says so and reports the static
 numbers (bytes, FLOP). For a task timed by the graph-paired protocol (evals/graph_timing.py) the latency is the
-protocol's: one call replayed from a CUDA graph with the L2 flushed (evals/bench.graph_us), and no case is labelled
-launch-bound, since graph replay keeps the host's cost out of the timed region (the host cost is still reported).
+protocol's: one call replayed from a CUDA graph with the L2 flushed (evals/graph_timing.replay_us), and no case is
+labelled launch-bound, since graph replay keeps the host's cost out of the timed region (the host cost is still
+reported).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from evals import bench, graph_timing, power, stability
+from evals import graph_timing, power, stability
 from evals import kernel_harness as kh
 from evals import task as tasks
 from evals.loader import load_solution, resolve_solution_dir, unload_solution
@@ -264,10 +265,10 @@ def profile_case(task: tasks.Task, solution: Path, case, device: torch.device, r
         problem = task.adapter.generate(case, "normal", device)
         fn = build(task, module, problem.weights, overrides)
         inputs = task.adapter.make_inputs(case, 16, seed=4, device=device)
-        paired = task.manifest["timing"] == graph_timing.PROTOCOL
+        paired = task.graph_paired
         if paired:  # the protocol's own latency: graph replay with the L2 flushed
             flush = torch.zeros(graph_timing.FLUSH_BYTES, dtype=torch.uint8, device=device)
-            p.median_us = bench.graph_us(fn, inputs[0], flush)
+            p.median_us = graph_timing.replay_us(fn, inputs[0], flush)
             del flush
         else:
             times = kh.time_groups(fn, inputs, groups=11, calls_per_group=256, warmup=256)

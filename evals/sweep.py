@@ -63,7 +63,7 @@ def _time_pairs(task_ref: str, solution: str, pairs: list[tuple[dict, dict]], pi
     every timed output until the groups end, as the verifier's roles do."""
     import torch
 
-    from evals import bench, stability
+    from evals import graph_timing, stability
     from evals.gate_spies import pin_to_one_core
     from evals.loader import load_solution
 
@@ -73,7 +73,7 @@ def _time_pairs(task_ref: str, solution: str, pairs: list[tuple[dict, dict]], pi
     adapter = task.adapter
     module = load_solution(Path(solution), entry=task.entry)
     device = kh.select_device().device
-    flush = torch.zeros(bench.FLUSH_BYTES, dtype=torch.uint8, device=device)
+    flush = torch.zeros(graph_timing.FLUSH_BYTES, dtype=torch.uint8, device=device)
     results, cached = [], {}
     for fields, overrides in pairs:
         case_obj = adapter.Case(**fields)
@@ -91,8 +91,8 @@ def _time_pairs(task_ref: str, solution: str, pairs: list[tuple[dict, dict]], pi
             del kept
             row["eager_us"] = kh.median(groups)
             row["spread"] = max(groups) / min(groups)  # the verifier fails a role over 1.15 (host-bound plans)
-            row["graph_hot_us"] = bench.graph_us(fn, calls[0], None, replays=20)
-            row["graph_flushed_us"] = bench.graph_us(fn, calls[0], flush, replays=20)
+            row["graph_hot_us"] = graph_timing.replay_us(fn, calls[0], None, replays=20)
+            row["graph_flushed_us"] = graph_timing.replay_us(fn, calls[0], flush, replays=20)
             found = stability.probe(fn, calls, device)  # host cost and back-to-back GPU time per call
             row.update(host_us=found["host_us"], gpu_us=found["gpu_us"], ratio=found["ratio"])
             ref = adapter.reference(problem.weights, problem.inputs, case_obj)
