@@ -183,3 +183,13 @@ def test_the_last_attempt_falls_back_where_the_baseline_wins_on_every_case(tools
     assert submitted.summary == ("per-table merge: 2 table(s): TIERS[0] FALLBACK False->True, "
                                  "TIERS[2] FALLBACK False->True")
     assert [e["FALLBACK"] for e in entries(proposal, tools.task)] == [True, False, True]
+
+
+def test_an_unknown_strategy_is_refused_with_the_known_ones():
+    from agent.exceptions import ProposerError
+    from agent.proposers.space import range_keys, read_space
+
+    with pytest.raises(ProposerError, match=r"SEARCH_SPACE strategy must be one of 'coordinate', 'per-table'; got "
+                                            r"'greedy'"):
+        read_space(SOURCE.replace('"strategy": "per-table"', '"strategy": "greedy"'), range_keys(FACTS["tier_dims"]))
+    assert read_space(SOURCE, range_keys(FACTS["tier_dims"])).strategy == "per-table"
