@@ -74,13 +74,11 @@ def instructions(ptx: str) -> int:
     return sum(1 for line in lines if line.endswith(";") and not line.startswith((".", "//")))
 
 
-def compile_sm90(kernel_fn, pointers: dict, constants: dict, options: dict, scale_pairs: bool = False) -> dict:
+def compile_sm90(kernel_fn, pointers: dict, constants: dict, options: dict) -> dict:
     # what the launches specialize on: 16-byte aligned pointers, N and K divisible by 16 (M too at M = 32, which this
     # leaves out: the loop is the same, the epilogue's masks differ)
-    # (a descriptor argument carries its own alignment)
     source = ASTSource(fn=kernel_fn, constexprs=constants, signature=pointers | dict.fromkeys(constants, "constexpr"),
-                       attrs={(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(pointers.items())
-                              if name != "M" and not kind.startswith("tensordesc")})
+                       attrs={(i,): [["tt.divisibility", 16]] for i, name in enumerate(pointers) if name != "M"})
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     ptx = kernel.asm["ptx"]
     # one launch: the last program reads the sums, then zeroes them, maybe in another thread layout; a barrier must
@@ -96,11 +94,8 @@ def compile_sm90(kernel_fn, pointers: dict, constants: dict, options: dict, scal
             "wgmma": "wgmma.mma_async" in ptx,
             # the words through the copy engine: a bulk tensor copy in the machine code
             "tma": "cp.async.bulk.tensor" in ptx,
-            # the dequantized tile through shared memory: an ldmatrix in the loop body (an epilogue may use one); with
-            # ``scale_pairs`` (SCALE_LOAD 2) the pipelined scales come back with single-register ones, so only a
-            # multi-register one counts
-            "ldmatrix_in_loop": (re.search(r"ldmatrix\.sync\.aligned\.m8n8\.x[24]", body) is not None if scale_pairs
-                                 else "ldmatrix" in body), **options}
+            # the dequantized tile through shared memory: an ldmatrix in the loop body (an epilogue may use one)
+            "ldmatrix_in_loop": "ldmatrix" in body, **options}
 
 
 def consumer_loop(sass: str) -> tuple[float, float]:
@@ -159,8 +154,8 @@ def compile_ws(module, case, overrides) -> dict:
                             target=GPUTarget("cuda", 90, 32), options=options)
     sass = _cubin_tool("nvdisasm", ["-c"], kernel.asm["cubin"])
     per_step, waits = consumer_loop(sass)
-    # WS_LAUNCH 1's launcher: the kernel's own signature and descriptors' metadata, spelled encoded, must give the C
-    # source triton writes for the kernel
+    # the encoded launcher (launch.encoded_launcher): the kernel's own signature and descriptors' metadata, spelled
+    # encoded, must give the C source triton writes for the kernel
     metas = kernel.metadata.tensordesc_meta
     encoded = launch.encoded_signature(list(kernel.src.signature.values()), metas)
     same_launcher = encoded is not None and \
@@ -183,8 +178,7 @@ def kernel_plan(module, case, overrides=None) -> tuple[str, dict, dict, dict]:
     cfg = module.plan(case.m, case.k, case.n, overrides)
     blocks = {"BLOCK_SIZE_M": cfg["BLOCK_SIZE_M"], "BLOCK_SIZE_N": cfg["BLOCK_SIZE_N"],
               "BLOCK_SIZE_K": cfg["BLOCK_SIZE_K"]}
-    tuning = {"SCALE_AFTER_DOT": cfg["SCALE_AFTER_DOT"], "DEQUANT": cfg["DEQUANT"], "SCALE_LOAD": cfg["SCALE_LOAD"],
-              "WEIGHT_TMA": cfg["WEIGHT_TMA"]}
+    tuning = {"SCALE_AFTER_DOT": cfg["SCALE_AFTER_DOT"], "DEQUANT": cfg["DEQUANT"]}
     if cfg["GRID"] == 1:
         name, constants = "w4a16_stream_kernel", {"ACTIVATION": 0, **tuning, **blocks}
     else:
@@ -215,9 +209,7 @@ def main(solution: str) -> None:
     jobs += [(case, {"WS_MAX_PROGRAMS": 0, **lean}) for case in cases for lean in ({}, {"LEAN_MIN_US": 0})
              if module.plan(case.m, case.k, case.n)["WS"]]
     jobs += [(cases[0], {"DEQUANT": d}) for d in (2, 3)] + [(cases[0], {"SCALE_AFTER_DOT": 0})]
-    # the scales loaded a step early, or as pairs the pipeline streams before the dot; the words through a descriptor
-    jobs += [(cases[0], {"SCALE_LOAD": 1}), (cases[0], {"SCALE_LOAD": 2, "SCALE_AFTER_DOT": 0}),
-             (cases[0], {"WEIGHT_TMA": 1}), (cases[0], {"DEQUANT": 3, "MAXNREG": 96})]
+    jobs += [(cases[0], {"DEQUANT": 3, "MAXNREG": 96})]
     jobs += [(case, {"GRID": 1}) for case in cases]
     seen, records = set(), []
     for case, overrides in jobs:
@@ -226,15 +218,10 @@ def main(solution: str) -> None:
         if key in seen:
             continue
         seen.add(key)
-        pointers = dict(POINTERS)
-        if cfg["WEIGHT_TMA"]:
-            pointers["q_ptr"] = f"tensordesc<i32[{cfg['BLOCK_SIZE_N']}, 16]>"
         records.append({"case": case.name, "kernel": name, "split_k": constants.get("SPLIT_K", 0),
-                        "dequant": cfg["DEQUANT"], "scale_after_dot": cfg["SCALE_AFTER_DOT"],
-                        "scale_load": cfg["SCALE_LOAD"], "weight_tma": cfg["WEIGHT_TMA"], "maxnreg": cfg["MAXNREG"],
+                        "dequant": cfg["DEQUANT"], "scale_after_dot": cfg["SCALE_AFTER_DOT"], "maxnreg": cfg["MAXNREG"],
                         "block_n": cfg["BLOCK_SIZE_N"],
-                        **compile_sm90(getattr(kernels, name), pointers, constants, options,
-                                       scale_pairs=cfg["SCALE_LOAD"] == 2)})
+                        **compile_sm90(getattr(kernels, name), dict(POINTERS), constants, options)})
     print(json.dumps(records))
 
 

@@ -1,6 +1,7 @@
-"""The W4A16 family (methods/drafts/w4a16): the oracle on the smoke panel and odd shapes, each tuning knob, forced
-and clamped split-K, stream-K, the kept accumulator over repeated calls, fresh outputs, untouched inputs, odd
-layouts and clear errors; the CPU interpreter runs the pure-Triton dequant (tests/conftest.py chooses the device)."""
+"""The W4A16 family (methods/drafts/w4a16 while a draft differs from main, else methods/main): the oracle on the
+smoke panel and odd shapes, each tuning knob, forced and clamped split-K, stream-K, the kept accumulator over repeated
+calls, fresh outputs, untouched inputs, odd layouts and clear errors; the CPU interpreter runs the pure-Triton dequant
+(tests/conftest.py chooses the device)."""
 import ast
 import gc
 import json
@@ -23,7 +24,8 @@ from tests.conftest import ROOT
 TASK = load("w4a16")
 W4 = TASK.adapter  # the W4A16 task's encoding, cases, inputs and oracle
 
-FAMILY = ROOT / "methods" / "drafts" / "w4a16"
+DRAFT = ROOT / "methods" / "drafts" / "w4a16"
+FAMILY = DRAFT if DRAFT.is_dir() else ROOT / "methods" / "main"
 S = load_solution(FAMILY)
 PACK = sys.modules[S.__name__.rpartition(".")[0] + ".pack"]
 LAUNCH = sys.modules[S.__name__.rpartition(".")[0] + ".launch"]
@@ -70,19 +72,13 @@ def test_forced_split_k(m, k, n, ep, split_k, mode):
 @pytest.mark.parametrize("variant", [
     {"BLOCK_SIZE_N": 128}, {"BLOCK_SIZE_N": 256, "num_warps": 8}, {"BLOCK_SIZE_M": 16, "SPLIT_K": 2},
     {"SCALE_AFTER_DOT": 0}, {"SCALE_AFTER_DOT": 0, "SPLIT_K": 3}, {"DEQUANT": 3}, {"DEQUANT": 1, "SPLIT_K": 1},
-    # LAUNCH 2 (bare addresses) changes only the compiled CUDA path; the interpreter runs these like LAUNCH 1
-    {"LAUNCH": 2, "SPLIT_K": 3}, {"LAUNCH": 2, "SPLIT_K": 1},
+    {"SPLIT_K": 3}, {"SPLIT_K": 1},
     # GRID 1 (stream-K) on 8 tiles x 5 groups = 40 steps: 7 programs share tiles (5 or 6 steps each), 8 own one tile
     # each (the direct epilogue), 3 cross several tiles, 1 does everything; 16-row tiles give two M tiles
-    {"GRID": 1, "MIN_PROGRAMS": 7}, {"GRID": 1, "MIN_PROGRAMS": 8}, {"GRID": 1, "MIN_PROGRAMS": 3, "LAUNCH": 2},
+    {"GRID": 1, "MIN_PROGRAMS": 7}, {"GRID": 1, "MIN_PROGRAMS": 8}, {"GRID": 1, "MIN_PROGRAMS": 3},
     {"GRID": 1, "MIN_PROGRAMS": 1}, {"GRID": 1, "MIN_PROGRAMS": 0}, {"GRID": 1, "MIN_PROGRAMS": 6, "BLOCK_SIZE_M": 16},
     {"GRID": 1, "MIN_PROGRAMS": 9, "SCALE_AFTER_DOT": 0}, {"GRID": 1, "MIN_PROGRAMS": 11, "BLOCK_SIZE_N": 128},
-    # the scales a step early (the last group's row stands in past a split's range) or as 32-bit pairs; the words
-    # through a tensor descriptor (the interpreter reads it as the compiled kernel's copy engine would); a register
-    # cap (compiled kernels only: the interpreter runs the plan as it is)
-    {"SCALE_LOAD": 1}, {"SCALE_LOAD": 1, "SPLIT_K": 3}, {"SCALE_LOAD": 1, "GRID": 1, "MIN_PROGRAMS": 9},
-    {"SCALE_LOAD": 2}, {"SCALE_LOAD": 2, "SCALE_AFTER_DOT": 0, "SPLIT_K": 2, "BLOCK_SIZE_N": 128},
-    {"WEIGHT_TMA": 1}, {"WEIGHT_TMA": 1, "SPLIT_K": 3, "LAUNCH": 2}, {"WEIGHT_TMA": 1, "GRID": 1, "MIN_PROGRAMS": 7},
+    # a register cap (compiled kernels only: the interpreter runs the plan as it is)
     {"MAXNREG": 96, "DEQUANT": 3},
     # the warp-specialized loop (compiled CUDA only; the interpreter runs the split-K kernel with the same split):
     # split or not, two consumer warpgroups, 16-row tiles
@@ -92,6 +88,30 @@ def test_forced_split_k(m, k, n, ep, split_k, mode):
 @pytest.mark.parametrize("mode", W4.MODES)
 def test_variants(variant, mode):
     _check(W4.Case("variant", 19, 640, 512, "gelu_tanh", 5), mode, variant)
+
+
+@pytest.mark.parametrize("config", [{"SPLIT_K": 1}, {"SPLIT_K": 3}, {"GRID": 1, "MIN_PROGRAMS": 7}])
+def test_the_identity_epilogue_is_a_plain_linear_layer(config):
+    """epilogue "identity" (outside the scored contract: a model's projections, evals/e2e.py) gives x @ W + bias +
+    residual within fp16 output rounding and an fp32 sum's error."""
+    case = W4.Case("identity", 19, 640, 512, "silu", 31)
+    t = W4.tensors(case, "normal", DEVICE)
+    out = S.build(t.qweight, t.scales, t.bias, "identity", config=config)(t.x, t.residual)
+    w = W4.dequantize(t.qweight, t.scales, torch.float64)
+    ref = t.x.double() @ w + t.bias.double() + t.residual.double()
+    bound = 2**-10 * ref.abs() + case.k * 2**-23 * (t.x.double().abs() @ w.abs()) + 2**-24
+    assert out.dtype == torch.float16 and out.shape == (case.m, case.n)
+    assert ((out.double() - ref).abs() <= bound).all(), (out.double() - ref).abs().max()
+
+
+def test_the_family_reads_in_one_sitting():
+    """No file of the family over 400 lines, no function over 60."""
+    for path in sorted(FAMILY.glob("*.py")):
+        source = path.read_text()
+        assert len(source.splitlines()) <= 400, path.name
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef):
+                assert node.end_lineno - node.lineno < 60, (path.name, node.name)
 
 
 def _code(words, k, n):
@@ -358,19 +378,21 @@ def test_warp_specialized_plans_take_the_most_splits_that_keep_one_wave():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", [{"WS_MIN_US": 1}, {"WS_MIN_US": 1, "SPLIT_K": 1},
-                                    {"WS_MIN_US": 1, "BLOCK_SIZE_N": 128, "WS_MAXNREG": 72, "WS_STAGES": 4},
-                                    {"WS_MIN_US": 1, "WS_LAUNCH": 0}, {"WS_MIN_US": 1, "WS_LAUNCH": 0, "SPLIT_K": 1}])
-def test_the_warp_specialized_loop_on_cuda(config, monkeypatch):
+                                    {"WS_MIN_US": 1, "BLOCK_SIZE_N": 128, "WS_MAXNREG": 72, "WS_STAGES": 4}])
+@pytest.mark.parametrize("encoded", [True, False])
+def test_the_warp_specialized_loop_on_cuda(config, encoded, monkeypatch):
     """The Gluon loop itself (on Hopper a WS plan runs ws.py, not the split-K kernel): a visible-size case and a thin
     one, normal and adversarial inputs, right again after repeated calls (a partial sum or counter left behind would
-    show), the kept accumulator at zero; through the launcher of pre-encoded descriptors (WS_LAUNCH 1) and through
-    triton's own (0)."""
+    show), the kept accumulator at zero; through the launcher of pre-encoded descriptors (the normal path) and through
+    triton's own (where that launcher cannot be made)."""
     if torch.cuda.get_device_capability(DEVICE)[0] != 9:
         pytest.fail("the warp-specialized loop needs Hopper (sm90); this GPU runs its plans on the split-K kernel")
-    made, encoded = [], []
+    made, through = [], []
     real, real_encoded = LAUNCH.ws_call, LAUNCH.encoded_call
     monkeypatch.setattr(LAUNCH, "ws_call", lambda *args: made.append(args[0]["WS"]) or real(*args))
-    monkeypatch.setattr(LAUNCH, "encoded_call", lambda *args: encoded.append(1) or real_encoded(*args))
+    monkeypatch.setattr(LAUNCH, "encoded_call", lambda *args: through.append(1) or real_encoded(*args))
+    if not encoded:
+        monkeypatch.setattr(LAUNCH, "encoded_launcher", lambda *args: None)
     for case in (W4.Case("ws", 24, 8192, 3072, "gelu_tanh", 21), W4.Case("ws", 5, 640, 512, "silu", 22)):
         assert S.plan(case.m, case.k, case.n, config)["WS"] == 1
         for mode in W4.MODES:
@@ -382,14 +404,14 @@ def test_the_warp_specialized_loop_on_cuda(config, monkeypatch):
             assert not any(o.any().item() for o in gc.get_objects() if type(o) is torch.Tensor
                            and o.dtype == torch.float32 and tuple(o.shape) == (case.m, case.n)), "kept state"
     assert made == [1] * 4, "every build's first call made the warp-specialized launch"
-    expected = 4 if S.plan(24, 8192, 3072, config)["WS_LAUNCH"] == 1 else 0
-    assert len(encoded) == expected, "WS_LAUNCH 1 (the default) takes the pre-encoded launcher, 0 triton's own"
+    assert len(through) == (4 if encoded else 0), "the pre-encoded launcher where it can be made, else triton's own"
 
 
 def test_the_encoded_launcher_is_the_one_triton_makes_for_the_kernel():
-    """WS_LAUNCH 1 spells each descriptor parameter as its encoded arguments; triton's make_launcher must then write
-    the same C source as for the kernel's own signature (so the same cached module, and the same argument parsing);
-    a descriptor without metadata has no encoded form (the normal path). The GPU test above checks the path is taken."""
+    """The encoded launcher spells each descriptor parameter as its encoded arguments; triton's make_launcher must
+    then write the same C source as for the kernel's own signature (so the same cached module, and the same argument
+    parsing); a descriptor without metadata has no encoded form (triton's own launcher then). The GPU test above
+    checks the path is taken."""
     from triton.backends.nvidia.driver import make_launcher
     signature = {"q_desc": "tensordesc<i32[64, 16]>", "x_desc": "tensordesc<fp16[32, 128]>",
                  "s_desc": "tensordesc<fp16[1, 64]>", "bias_ptr": "*fp16", "residual_ptr": "*fp16", "out_ptr": "*fp16",
@@ -463,24 +485,27 @@ def test_unseen_shapes_get_device_bound_plans_by_the_rule_not_by_a_table():
     assert S.plan(20, 8192, 1024, {"SPLIT_K": 8})["SPLIT_K"] == 8  # a fixed split is taken as given
 
 
+# GPU us per call on an H200 under the verifier's schedule (512 distinct inputs), of plans with a fixed split: (split,
+# the leaner loop's threshold at 0?, us) per case (reports/examples/h200-verifier-regime, qualify-*.json)
+MEASURED_UNDER_THE_VERIFIER = {
+    (18, 8192, 1024): [(2, False, 17.46), (3, False, 13.42), (4, False, 11.31), (2, True, 17.46)],
+    (24, 16384, 1536): [(2, False, 30.69), (3, False, 22.77), (4, False, 18.91), (2, True, 31.54)],
+    (32, 8192, 2048): [(2, False, 17.94), (3, False, 14.11), (4, False, 11.7), (2, True, 17.93)],
+    (20, 14336, 768): [(2, False, 27.47), (3, False, 20.21), (4, False, 16.33), (2, True, 27.46)],
+    (30, 12288, 2048): [(2, False, 25.39), (3, False, 18.83), (4, False, 16.02), (2, True, 25.33)],
+}
+
+
 def test_the_model_never_predicts_more_gpu_time_than_the_h200_measured_under_the_verifiers_schedule():
     """The device-bound floor is only as safe as its model: a prediction above the real GPU time would call a
-    host-bound plan device-bound. Every plan of the committed qualifications with a fixed split (GPU time per call
-    under the verifier's schedule: 512 distinct inputs; 1 to 4 splits, either loop) is predicted within 5% of, or
-    below, what the H200 measured; and at median not far below it."""
-    folder = ROOT / "reports" / "examples" / "h200-verifier-regime"
-    rows = [row for name in ("qualify-expert-batch.json", "qualify-three-cases.json")
-            for row in json.loads((folder / name).read_text())["rows"]]
+    host-bound plan device-bound. Every measured plan is predicted within 5% of, or below, what the H200 measured;
+    and at median not far below it."""
     ratios = []
-    for row in rows:
-        if "SPLIT_K" not in row["overrides"]:  # the split of {} depends on the model that chose it
-            continue
-        m, k, n = (int(v) for v in row["case"].split("-")[0].split("x"))
-        cfg = S.plan(m, k, n, row["overrides"])
-        (probe,) = row["probes"]
-        assert cfg["PREDICTED_US"] <= 1.05 * probe["gpu_us"], (row["case"], row["overrides"], cfg["PREDICTED_US"])
-        ratios.append(cfg["PREDICTED_US"] / probe["gpu_us"])
-    assert len(ratios) >= 20
+    for (m, k, n), rows in MEASURED_UNDER_THE_VERIFIER.items():
+        for split, lean_off, gpu_us in rows:
+            cfg = S.plan(m, k, n, {"SPLIT_K": split, **({"LEAN_MIN_US": 0} if lean_off else {})})
+            assert cfg["PREDICTED_US"] <= 1.05 * gpu_us, ((m, k, n), split, cfg["PREDICTED_US"], gpu_us)
+            ratios.append(cfg["PREDICTED_US"] / gpu_us)
     # a loose model keeps fewer splits than the floor needs: one fitted to times with the inputs in the L2 (15 GB/s
     # per program) predicts these at 0.7-0.8x, and keeps expert-batch plans at 1.2-2.3x the GPU time of the splits
     # it bars
@@ -537,8 +562,8 @@ def test_inputs_unchanged():
         assert torch.equal(a, b)
 
 
-# LAUNCH 2's path, and on Hopper the WS call's: its encoded launcher (WS_LAUNCH 1, the default) and triton's own (0)
-@pytest.mark.parametrize("config", [None, {"WS_MIN_US": 1}, {"WS_MIN_US": 1, "WS_LAUNCH": 0}])
+# the lean host path, and on Hopper the WS call's
+@pytest.mark.parametrize("config", [None, {"WS_MIN_US": 1}])
 def test_non_contiguous_and_misaligned_inputs(config):
     case = W4.Case("layout", 18, 384, 256, "silu", 8)
     t = W4.tensors(case, "normal", DEVICE)
@@ -566,8 +591,8 @@ def test_validation_errors():
                         (t.x, t.residual.float()), (t.x[:0], t.residual[:0])):
         with pytest.raises(ValueError, match="must be fp16|at least one row"):
             fn(x, residual)
-    if DEVICE.type == "cuda":  # LAUNCH 2 and the WS call pass bare addresses, which the launcher cannot check
-        for config in ({"LAUNCH": 2}, {"WS_MIN_US": 1}):
+    if DEVICE.type == "cuda":  # the lean path and the WS call pass bare addresses, which the launcher cannot check
+        for config in (None, {"WS_MIN_US": 1}):
             raw = S.build(t.qweight, t.scales, t.bias, "silu", config=config)
             raw(t.x, t.residual)
             with pytest.raises(ValueError, match="must be on"):
@@ -575,8 +600,8 @@ def test_validation_errors():
     else:  # the interpreter reads tensors, never addresses: the first call of an M checks the devices
         with pytest.raises(ValueError, match="must be on"):
             S.build(t.qweight, t.scales, t.bias, "silu")(t.x.to("meta"), t.residual.to("meta"))
-    for bad in ({"DEQUANT": 7}, {"LEAN_DEQUANT": 4}, {"LAUNCH": 3}, {"GRID": 2}, {"SCALE_AFTER_DOT": 2},
-                {"SCALE_LOAD": 3}, {"WEIGHT_TMA": 2}, {"DEQUANT": 3.0}, {"LEAN_DEQUANT": True}):  # a typo is an error
+    for bad in ({"DEQUANT": 7}, {"LEAN_DEQUANT": 4}, {"GRID": 2}, {"SCALE_AFTER_DOT": 2}, {"WS_WIDE": 2},
+                {"DEQUANT": 3.0}, {"LEAN_DEQUANT": True}):  # a typo is an error
         with pytest.raises(ValueError, match=f"^{next(iter(bad))} must be one of"):
             S.plan(18, 256, 256, bad)
     for key in ("MAXNREG", "LEAN_MAXNREG"):
@@ -596,15 +621,16 @@ def test_validation_errors():
         S.plan(18, 256, 256, {"GRID": 1, "SPLIT_K": 2})
     with pytest.raises(ValueError, match="BLOCK_SIZE_K must equal"):
         S.plan(18, 256, 256, {"BLOCK_SIZE_K": 64})
-    with pytest.raises(ValueError, match=r"unknown plan keys \['LAYOUT'\]"):  # a knob this family does not have
-        S.build(t.qweight, t.scales, t.bias, "silu", config={"LAYOUT": 3})
+    for gone in ("LAYOUT", "LAUNCH", "SCALE_LOAD", "WEIGHT_TMA", "WS_LAUNCH"):  # knobs this family does not have
+        with pytest.raises(ValueError, match=rf"unknown plan keys \['{gone}'\]"):
+            S.build(t.qweight, t.scales, t.bias, "silu", config={gone: 1})
 
 
-@pytest.mark.parametrize("scale_load", [0, 2])
-def test_scales_off_16_byte_alignment_are_read_from_an_aligned_copy(scale_load):
-    """SCALE_LOAD 2 reads the scales as 32-bit pairs: a caller's contiguous scales at a 2-byte offset still give the
-    right result (build keeps an aligned copy), and the caller's tensor is left as it was. A misaligned 32-bit read
-    faults only on CUDA (this test's guard there); under the interpreter it checks the result and the input."""
+@pytest.mark.parametrize("config", [None, {"WS_MIN_US": 1}])
+def test_scales_off_16_byte_alignment_are_read_from_an_aligned_copy(config):
+    """The WS loop's copy engine reads the scales from a 16-byte aligned base: a caller's contiguous scales at a 2-byte
+    offset still give the right result (build keeps an aligned copy), and the caller's tensor is left as it was. A
+    misaligned copy faults only on Hopper (this test's guard there); elsewhere it checks the result and the input."""
     case = W4.Case("offset-scales", 18, 640, 512, "silu", 21)
     t = W4.tensors(case, "normal", DEVICE)
     groups, n = t.scales.shape
@@ -613,7 +639,7 @@ def test_scales_off_16_byte_alignment_are_read_from_an_aligned_copy(scale_load):
     scales.copy_(t.scales)
     assert scales.is_contiguous() and scales.data_ptr() % 16 == 2
     before = scales.clone()
-    out = S.build(t.qweight, scales, t.bias, case.epilogue, config={"SCALE_LOAD": scale_load})(t.x, t.residual)
+    out = S.build(t.qweight, scales, t.bias, case.epilogue, config=config)(t.x, t.residual)
     ref = W4.oracle(t.x, t.qweight, t.scales, t.bias, t.residual, case.epilogue)
     assert W4.check(out, ref, (case.m, case.n)).ok
     assert torch.equal(scales, before)
@@ -650,8 +676,8 @@ def test_the_kept_accumulator_is_clean_after_every_call_and_kept_for_one_m(confi
 
 
 def test_a_bare_address_launch_keeps_the_accumulator_behind_its_addresses_alive():
-    """LAUNCH 2 passes integer addresses: the call itself must hold the accumulator and counters they point into, or
-    the caching allocator hands that memory to someone else while the kernel still adds into it."""
+    """The lean host path passes integer addresses: the call itself must hold the accumulator and counters they point
+    into, or the caching allocator hands that memory to someone else while the kernel still adds into it."""
     words = torch.zeros(4, 256, dtype=torch.int32)
     weights = (words, torch.zeros(1, 256, dtype=torch.float16), torch.zeros(256, dtype=torch.float16))
     accumulator, counters = torch.zeros(2, 256), torch.zeros(4, dtype=torch.int32)
@@ -667,9 +693,10 @@ def test_a_bare_address_launch_keeps_the_accumulator_behind_its_addresses_alive(
 
 
 def test_the_lean_guard_launches_only_what_the_kernel_assumes_and_hands_the_rest_to_the_full_check():
-    """LAUNCH 2 passes bare addresses: a call launches straight away only for fp16, contiguous, 16-byte aligned x and
-    residual of its M's shapes on its device; any other argument goes to the full check first (a fit copy, or a clear
-    error), never to the kernel as it is. A stand-in device index (-1, what a CPU tensor reports) lets this run here."""
+    """The lean host path passes bare addresses: a call launches straight away only for fp16, contiguous, 16-byte
+    aligned x and residual of its M's shapes on its device; any other argument goes to the full check first (a fit
+    copy, or a clear error), never to the kernel as it is. A stand-in device index (-1, what a CPU tensor reports)
+    lets this run here."""
     launched, checked = [], []
 
     def check(x, residual):
@@ -704,7 +731,7 @@ def test_the_warp_specialized_call_passes_what_the_launcher_encodes_and_holds_no
     """The WS call's host path (``descriptor_call``; on CPU with a stand-in launcher): every argument in the kernel's
     order; each call's x in a descriptor of its own that triton 3.6's launcher encodes exactly as the real one the
     kernel was compiled for (same shape, strides, padding); nothing holds a caller's x after the call; the guard is
-    LAUNCH 2's; the accumulator and counters behind the bare addresses live as long as the call."""
+    ``address_call``'s; the accumulator and counters behind the bare addresses live as long as the call."""
     from triton.backends.nvidia.driver import make_tensordesc_arg
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -765,35 +792,11 @@ def test_stream_k_plan_and_the_programs_a_gpu_holds_at_once():
     assert LAUNCH.programs_per_sm(255, 200_000, 8, HOPPER_SHARED_BYTES) == 1  # never fewer than one
 
 
-# The family's default plans compiled for sm90: registers per thread, instructions of the K loop and shared memory of
-# the plans the H200 sweeps measured fastest (reports/examples/h200-splitk-sweeps, sweep 2: LAYOUT 3, inline-PTX
-# dequant, one-launch split-K, N tile 64, 4 warps, 4 stages; the leaner loop, DEQUANT 3 under 96 registers, where a
-# plan predicts LEAN_MIN_US or more), with the accumulator path and without, and of the variants
-# (reports/examples/h200-weight-stream measured them). A change of these numbers is a change of the kernel the sweeps
-# measured. The widest deep tier's split-K plans (N tile 128 in 8 warps, 3 stages) run only where the warp-specialized
-# loop does not (other GPUs); no GPU has timed the split-K kernel with 128 columns in 8 warps.
-SM90_EXPECTED = {  # (kernel, split?, stages, dequant, scale after dot, scale load, weight tma, maxnreg, N tile):
-    #              (registers, loop SASS instructions, shared)
-    ("w4a16_splitk_kernel", True, 4, 2, 1, 0, 0, 0, 64): ({103, 104}, {208, 209}, 45056),
-    ("w4a16_splitk_kernel", False, 4, 2, 1, 0, 0, 0, 64): ({95}, {195}, 45056),
-    ("w4a16_splitk_kernel", False, 4, 3, 1, 0, 0, 96, 64): ({91}, {194}, 45056),
-    ("w4a16_splitk_kernel", True, 4, 3, 1, 0, 0, 0, 64): ({104}, {194}, 45056),
-    ("w4a16_splitk_kernel", True, 4, 2, 0, 0, 0, 0, 64): ({80}, {255}, 45056),
-    ("w4a16_splitk_kernel", True, 4, 2, 1, 1, 0, 0, 64): ({124}, {215}, 45056),
-    ("w4a16_splitk_kernel", True, 4, 2, 0, 2, 0, 0, 64): ({72}, {269}, 45568),
-    ("w4a16_splitk_kernel", True, 4, 2, 1, 0, 1, 0, 64): ({106}, {234}, 45080),
-    ("w4a16_splitk_kernel", True, 4, 3, 1, 0, 0, 96, 64): ({91}, {189}, 45056),
-    ("w4a16_stream_kernel", True, 4, 2, 1, 0, 0, 0, 64): ({127}, {201}, 45056),
-    # the other widest outputs (3 stages)
-    ("w4a16_splitk_kernel", True, 3, 2, 1, 0, 0, 0, 64): ({104}, {209}, 32768),
-    ("w4a16_splitk_kernel", True, 3, 3, 1, 0, 0, 96, 64): ({91}, {189}, 32768),
-    # the widest deep tier
-    ("w4a16_splitk_kernel", True, 3, 2, 1, 0, 0, 0, 128): ({106}, {193}, 40960),
-    ("w4a16_splitk_kernel", True, 3, 3, 1, 0, 0, 96, 128): ({91}, {178}, 40960),
-    ("w4a16_splitk_kernel", False, 3, 3, 1, 0, 0, 96, 128): ({90}, {177}, 40960),
-    ("w4a16_splitk_kernel", False, 3, 2, 1, 0, 0, 0, 128): ({103}, {191}, 40960),
-    ("w4a16_stream_kernel", True, 3, 2, 1, 0, 0, 0, 128): ({127}, {187}, 40960),
-}
+# The K loop's machine instructions per step, compiled for sm90, as bounds about 15% over what triton 3.6 gives (a
+# compiler update within reason stays under them; a longer loop is a slower kernel on the H200, whose sweeps measured
+# these loops: reports/examples/h200-splitk-sweeps, h200-weight-stream): (DEQUANT, SCALE_AFTER_DOT, N tile) -> bound.
+# Triton 3.6: 208-209 (DEQUANT 2), 189-194 (3), 255 (the scale before the dot); 177-193 at 128 columns.
+LOOP_SASS_BOUND = {(2, 1, 64): 240, (3, 1, 64): 225, (2, 0, 64): 295, (2, 1, 128): 225, (3, 1, 128): 205}
 
 
 def test_the_warp_specialized_loop_compiles_for_hopper_as_the_prototype_measured():
@@ -817,9 +820,9 @@ def test_the_warp_specialized_loop_compiles_for_hopper_as_the_prototype_measured
         assert kernel["tma"] and kernel["f16x2_dequant"], kernel
         assert kernel["barrier_after_reads"] == (kernel["split_k"] > 1), kernel
         assert kernel["wgmma_waits"] == 1 and 125 <= kernel["loop_sass"] <= 155, kernel
-        assert kernel["local_memory"] == 0 and kernel["registers"] == kernel["maxnreg"], kernel
+        assert kernel["local_memory"] == 0 and kernel["registers"] <= kernel["maxnreg"], kernel
         assert kernel["shared"] <= HOPPER_SHARED_BYTES, kernel
-        # the three descriptors on the copy engine, and WS_LAUNCH 1's launcher the same C source as triton's
+        # the three descriptors on the copy engine, and the encoded launcher the same C source as triton's
         assert kernel["encoded_descriptors"] == 3 and kernel["encoded_launcher_same"], kernel
 
 
@@ -833,17 +836,22 @@ def test_every_visible_plan_compiles_for_hopper_as_the_measured_winners_did():
     assert run.returncode == 0, run.stderr[-3000:]
     compiled = json.loads(run.stdout)
     assert {k["kernel"] for k in compiled} == {"w4a16_splitk_kernel", "w4a16_stream_kernel"}
-    seen = set()
+    loops = {}
     for kernel in compiled:
         split = kernel["kernel"] == "w4a16_stream_kernel" or kernel["split_k"] > 1
-        key = (kernel["kernel"], split, kernel["num_stages"], kernel["dequant"], kernel["scale_after_dot"],
-               kernel["scale_load"], kernel["weight_tma"], kernel["maxnreg"], kernel["block_n"])
-        seen.add(key)
-        registers, loop, shared = SM90_EXPECTED[key]
-        assert kernel["registers"] in registers and kernel["loop_sass"] in loop and kernel["shared"] == shared, kernel
-        assert kernel["shared"] <= HOPPER_SHARED_BYTES and kernel["wgmma"], kernel
+        # registers: under the plan's cap, else what lets 4 programs of 4 warps share an SM (MIN_PROGRAMS 396 is 3)
+        assert kernel["registers"] <= (kernel["maxnreg"] or 128), kernel
+        bound = LOOP_SASS_BOUND[(kernel["dequant"], kernel["scale_after_dot"], kernel["block_n"])]
+        assert 0 < kernel["loop_sass"] <= bound, kernel
+        tile = kernel["block_n"] * 16 * 4 + 32 * 128 * 2  # a stage's words and x tile
+        assert kernel["shared"] <= min(kernel["num_stages"] * tile, HOPPER_SHARED_BYTES), kernel
+        assert kernel["wgmma"] and kernel["f16x2_dequant"], kernel  # ptxas assembled the inline PTX
         assert kernel["barrier_after_reads"] == split, kernel  # zeroing sums another thread has not read yet
-        assert kernel["f16x2_dequant"], kernel  # the inline PTX reached the machine code (ptxas assembled it)
         assert not kernel["ldmatrix_in_loop"], kernel  # the unpacked words are the wgmma operand
-        assert kernel["tma"] == bool(kernel["weight_tma"]), kernel  # WEIGHT_TMA 1 alone copies with the copy engine
-    assert seen == set(SM90_EXPECTED)
+        assert not kernel["tma"], kernel  # the split-K kernels read the words with plain loads
+        same_plan = (kernel["kernel"], kernel["case"], kernel["split_k"], kernel["block_n"], kernel["maxnreg"],
+                     kernel["num_stages"], kernel["scale_after_dot"])
+        loops.setdefault(same_plan, {})[kernel["dequant"]] = kernel["loop_sass"]
+    # the one-shift dequant is the shorter loop wherever both compiled
+    both = [loop for loop in loops.values() if {2, 3} <= set(loop)]
+    assert both and all(loop[3] < loop[2] for loop in both), loops
