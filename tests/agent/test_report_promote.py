@@ -177,7 +177,8 @@ def test_a_verifier_refusal_is_a_row_and_leaves_main_alone(project: Path, monkey
     assert "; why: a try |" in row and "| 2.400 |" in row
 
 
-REAL_VERDICTS = Path(__file__).resolve().parents[2] / "reports" / "examples" / "h200-weight-stream"
+# what baseline_noise_only reads of verifier reports from H200 promotions (reports/examples/h200-weight-stream)
+REAL_VERDICTS = Path(__file__).resolve().parent / "data"
 
 
 def test_baseline_noise_only_reads_real_verifier_reports():

@@ -11,8 +11,8 @@ from evals.bench import format_case
 from tests.conftest import ROOT
 
 # make bench on an H200 with main v97 beside v0 (reports/examples/h200-power): each row's power probe
-BENCH = ROOT / "reports" / "examples" / "h200-power" / "bench-v97.json"
-PROBES = {(c["case"]["name"], r["impl"]): r["power"] for c in json.loads(BENCH.read_text())["cases"] for r in c["rows"]}
+BENCH = ROOT / "tests" / "evals" / "data" / "power-probes-h200.json"
+PROBES = {(p["case"], p["impl"]): p["power"] for p in json.loads(BENCH.read_text())["probes"]}
 CAPPED = PROBES[("32x28672x8192-silu", "main")]
 
 
