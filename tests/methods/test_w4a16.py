@@ -188,14 +188,56 @@ def sealed_shapes(seeds: int) -> set[tuple[int, int, int]]:
 
 def assert_device_bound(cfg, free):
     """The device-bound rule: the largest split up to the free plan's whose predicted GPU time reaches
-    DEVICE_BOUND_US, else one split."""
+    DEVICE_BOUND_US, else one split; where that cuts the free split and more programs than the whole split's still
+    reach the floor, FLOOR_GRID 1 takes the most such programs as a stream-K grid instead."""
     m, k, n, tiles = cfg["M"], cfg["K"], cfg["N"], cfg["M_TILES"] * cfg["N_TILES"]
-    floor, split = cfg["DEVICE_BOUND_US"], cfg["SPLIT_K"]
-    assert floor > 0 and 1 <= split <= free["SPLIT_K"]
+    floor, most = cfg["DEVICE_BOUND_US"], tiles * free["SPLIT_K"]
+    split = S.device_bound_split(m, k, n, tiles, free["SPLIT_K"], floor)
+    programs = S.device_bound_programs(m, k, n, most, floor)
+    assert floor > 0 and 1 <= split <= free["SPLIT_K"] and 1 <= programs <= most
+    assert S.predicted_us(m, k, n, programs) >= floor or programs == 1
+    assert programs == most or S.predicted_us(m, k, n, programs + 1) < floor
+    if cfg["FLOOR_GRID"] and programs > tiles * split:
+        assert (cfg["GRID"], cfg["SPLIT_K"], cfg["PROGRAMS"], cfg["WS"]) == (1, 1, programs, 0), cfg
+        assert cfg["PREDICTED_US"] == S.predicted_us(m, k, n, programs) >= floor
+        return
+    assert cfg["GRID"] == 0 and cfg["SPLIT_K"] == split and "PROGRAMS" not in cfg
     assert cfg["PREDICTED_US"] == S.predicted_us(m, k, n, tiles * split)
     assert cfg["PREDICTED_US"] >= floor or split == 1
     if split < free["SPLIT_K"]:
         assert S.predicted_us(m, k, n, tiles * (split + 1)) < floor
+
+
+def test_a_host_bound_plan_lands_on_its_floor_with_a_stream_k_grid():
+    """Where the floor cuts a free split, whole splits can leave a plan up to twice over it (the visible expert-batch
+    cases at 24-31 us predicted against their tier's 22); the stream-K grid of device_bound_programs lands each within
+    a program of it, with more programs than the whole split, fewer than the free one. FLOOR_GRID 0 keeps the split."""
+    landed = 0
+    for m, k, n in VISIBLE:
+        cfg, whole = S.plan(m, k, n), S.plan(m, k, n, {"FLOOR_GRID": 0})
+        free = S.plan(m, k, n, {"DEVICE_BOUND_US": 0, "WS_MAX_PROGRAMS": 0})
+        assert whole["GRID"] == 0 and "PROGRAMS" not in whole
+        if cfg["GRID"] == 0:
+            assert cfg == {**whole, "FLOOR_GRID": 1}, (m, k, n)
+            continue
+        landed += 1
+        floor, tiles = cfg["DEVICE_BOUND_US"], cfg["M_TILES"] * cfg["N_TILES"]
+        assert tiles * whole["SPLIT_K"] < cfg["PROGRAMS"] < tiles * free["SPLIT_K"], (m, k, n)
+        assert floor <= cfg["PREDICTED_US"] <= S.predicted_us(m, k, n, cfg["PROGRAMS"] - 1) < whole["PREDICTED_US"]
+        assert cfg["PREDICTED_US"] < 1.05 * floor, (m, k, n, cfg["PREDICTED_US"])
+    assert landed == 5  # the expert-batch cases
+    # on a panel-sized case under the interpreter: 19x640x512 (8 tiles x 5 groups) at a 5.05 us floor takes 20
+    # programs where whole splits give 16
+    floor = {"DEVICE_BOUND_US": 5.05}
+    cfg = S.plan(19, 640, 512, floor)
+    assert (cfg["GRID"], cfg["PROGRAMS"], S.plan(19, 640, 512, {**floor, "FLOOR_GRID": 0})["SPLIT_K"]) == (1, 20, 2)
+    for mode in W4.MODES:
+        _check(W4.Case("floor", 19, 640, 512, "gelu_tanh", 41), mode, floor)
+    for bad in (2, True, 1.0):
+        with pytest.raises(ValueError, match="^FLOOR_GRID must be one of"):
+            S.plan(18, 8192, 1024, {"FLOOR_GRID": bad})
+    assert S.device_bound_programs(18, 8192, 1024, 1000, 0) == 1000  # no floor: every program
+    assert S.device_bound_programs(18, 8192, 1024, 1000, 1e6) == 1  # no grid reaches it: one program
 
 
 def test_plans_of_ws_min_us_and_more_run_the_warp_specialized_loop():
@@ -234,7 +276,7 @@ def test_expert_batch_widths_keep_a_margin_over_the_host_cost():
     for m, k, n in VISIBLE:
         if n < 4096:
             cfg, general_floor = S.plan(m, k, n), S.plan(m, k, n, {"DEVICE_BOUND_US": 16, "WS_MIN_US": 30})
-            assert cfg["SPLIT_K"] < general_floor["SPLIT_K"] and cfg["WS"] == 0, (m, k, n)
+            assert cfg["PREDICTED_US"] > general_floor["PREDICTED_US"] and cfg["WS"] == 0, (m, k, n)
 
 
 def test_the_widest_deep_tier_is_warp_specialized_for_every_m():
@@ -353,9 +395,11 @@ def test_warp_specialized_plans_take_the_most_splits_that_keep_one_wave():
     shapes = VISIBLE + [(1, 8192, 28672), (5, 28672, 1024), (64, 28672, 8192), (32, 57344, 4096), (22, 9088, 18176),
                         (25, 19072, 12032)]
     seen = set()
-    for m, k, n in shapes:  # WS_WIDE 0: WIDE_TILE's plans take the 64-column plan's split instead (the test above)
-        for extra in ({"WS_WIDE": 0}, {"WS_MIN_US": 1, "WS_WIDE": 0},
-                      {"WS_MIN_US": 1, "WS_MAX_PROGRAMS": 100, "WS_WIDE": 0}):
+    # WS_WIDE 0: WIDE_TILE's plans take the 64-column plan's split instead (the test above); FLOOR_GRID 0: whole
+    # splits where the floor cuts one (a stream-K grid never runs the WS loop)
+    for m, k, n in shapes:
+        for extra in ({"WS_WIDE": 0, "FLOOR_GRID": 0}, {"WS_MIN_US": 1, "WS_WIDE": 0, "FLOOR_GRID": 0},
+                      {"WS_MIN_US": 1, "WS_MAX_PROGRAMS": 100, "WS_WIDE": 0, "FLOOR_GRID": 0}):
             cfg, free = S.plan(m, k, n, extra), S.plan(m, k, n, {**extra, "WS_MAX_PROGRAMS": 0})
             tiles, wave = cfg["M_TILES"] * cfg["N_TILES"], cfg["WS_MAX_PROGRAMS"]
             assert (cfg["WS"], cfg["DEQUANT"], cfg["MAXNREG"]) == (free["WS"], free["DEQUANT"], free["MAXNREG"])
@@ -441,7 +485,7 @@ def test_plans_of_lean_min_us_and_more_run_the_leaner_loop_and_the_shorter_ones_
         assert cfg["SPLIT_K"] == never["SPLIT_K"] and cfg["PREDICTED_US"] == never["PREDICTED_US"]
         others = set(lean_loop) | {"LEAN_MIN_US"}  # all else is the same plan
         assert {k: v for k, v in cfg.items() if k not in others} == {k: v for k, v in never.items() if k not in others}
-        lean = cfg["PREDICTED_US"] >= threshold
+        lean = cfg["PREDICTED_US"] >= threshold and cfg["GRID"] == 0  # a floor's stream-K grid: never
         seen.add(lean)
         for key, value in lean_loop.items():
             assert never[key] == default[key]
@@ -452,7 +496,8 @@ def test_plans_of_lean_min_us_and_more_run_the_leaner_loop_and_the_shorter_ones_
         pair = lambda c: (c["DEQUANT"], c["MAXNREG"])  # noqa: E731
         at = S.plan(m, k, n, {"LEAN_MIN_US": cfg["PREDICTED_US"]})  # exactly at the threshold: leaner
         above = S.plan(m, k, n, {"LEAN_MIN_US": cfg["PREDICTED_US"] * 1.0001})
-        assert pair(at) == tuple(lean_loop.values()) and pair(above) == pair(never)
+        assert pair(at) == (tuple(lean_loop.values()) if cfg["GRID"] == 0 else pair(never)), (m, k, n)
+        assert pair(above) == pair(never)
         assert pair(S.plan(m, k, n, {"GRID": 1, "LEAN_MIN_US": 1})) == pair(never)
     assert seen == {True, False}
     # the two 117 MB weights run it; 18x8192x8192 (about 18 us, near its host cost) does not

@@ -59,6 +59,19 @@ def device_bound_split(M, K, N, tiles, split_k, target_us):
     return split_k
 
 
+def device_bound_programs(M, K, N, most, target_us):
+    """The most programs, up to ``most``, whose predicted GPU time is at least ``target_us`` (1 if none): the
+    continuous count that whole splits approximate from above (a split fewer can double the time)."""
+    bytes_moved = predicted_us(M, K, N, 1) - MODEL_FIXED_US  # us at one program's rate
+    programs = int(bytes_moved // (target_us - MODEL_FIXED_US)) if target_us > MODEL_FIXED_US else most
+    programs = max(1, min(most, programs))
+    while programs > 1 and predicted_us(M, K, N, programs) < target_us:  # rounding at the boundary
+        programs -= 1
+    while programs < most and predicted_us(M, K, N, programs + 1) >= target_us:
+        programs += 1
+    return programs
+
+
 # A WS grid past one wave lost more than an under-filled wave did; a wave under 70% full is unmeasured and keeps its
 # split (reports/examples/h200-weight-stream).
 WS_WAVE_FILL = 0.7
@@ -72,6 +85,9 @@ def get_config():
     # DEQUANT 2 (11 instructions a word) or 3 (9): inline PTX; 1: pure Triton. SCALE_AFTER_DOT 1 scales the fp32
     # partial, 0 the fp16 tile before the dot. MAXNREG (0: the compiler's) caps registers per thread.
     # DEVICE_BOUND_US (0: off): the least GPU time per call a free split may predict (device_bound_split).
+    # FLOOR_GRID 1: where that floor cuts a free split, a stream-K grid of the most programs it allows
+    # (device_bound_programs) lands the plan on the floor, not up to twice over it at the next whole split; 0: the
+    # whole split.
     # LEAN_MIN_US (0: never): the least predicted time of a GRID 0 plan that runs LEAN_DEQUANT under LEAN_MAXNREG
     # (h200-lean-loop); a tier or call that sets DEQUANT or MAXNREG keeps its own loop.
     # WS_MIN_US (0: never): the least predicted time of a GRID 0 plan that runs the warp-specialized loop of ws.py on
@@ -81,8 +97,8 @@ def get_config():
     # WS_WIDE 1: WIDE_TILE for the shapes whose WS plans it keeps in one wave (plan()).
     return {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": GROUP_SIZE, "SPLIT_K": 0, "MIN_PROGRAMS": 396,
             "DEQUANT": 2, "SCALE_AFTER_DOT": 1, "GRID": 0, "num_warps": 4, "num_stages": 4, "MAXNREG": 0,
-            "DEVICE_BOUND_US": 16, "LEAN_MIN_US": 22, "LEAN_DEQUANT": 3, "LEAN_MAXNREG": 96, "WS_MIN_US": 30,
-            "WS_STAGES": 3, "WS_MAXNREG": 64, "WS_MAX_PROGRAMS": 528, "WS_WIDE": 1}
+            "DEVICE_BOUND_US": 16, "FLOOR_GRID": 1, "LEAN_MIN_US": 22, "LEAN_DEQUANT": 3, "LEAN_MAXNREG": 96,
+            "WS_MIN_US": 30, "WS_STAGES": 3, "WS_MAXNREG": 64, "WS_MAX_PROGRAMS": 528, "WS_WIDE": 1}
 
 
 # 128-column WS tiles: two consumer warpgroups share each x tile (half the x bytes per weight byte, less energy under
@@ -144,12 +160,16 @@ SEARCH_SPACE = {
                         "reason": "a lower threshold runs the leaner loop (LEAN_DEQUANT, LEAN_MAXNREG) on more "
                                   "plans: faster, but a plan near its host cost loses its steady group times (a "
                                   "17 us one spread 1.198)"},
+        "FLOOR_GRID": {"values": [1, 0], "unmeasured": [1],
+                       "reason": "a stream-K grid sized to the device-bound floor: a host-bound plan lands on the "
+                                 "floor instead of a whole split over it (up to twice its GPU time)"},
         "DEVICE_BOUND_US": {"values": [0, 14, 16, 18, 20, 24],
                             "reason": "a higher floor takes fewer split-K programs where a call would be faster than "
                                       "its host can issue it: slower, but steady group times"},
     },
     # GRID 1 (stream-K: 0.96-1.04x the split-K grid, h200-w4a16-family) stays for plan() and tests, not the search
     "only_when": {"MIN_PROGRAMS": [{"SPLIT_K": [0]}], "DEVICE_BOUND_US": [{"SPLIT_K": [0]}],
+                  "FLOOR_GRID": [{"SPLIT_K": [0]}],
                   "WS_MAX_PROGRAMS": [{"SPLIT_K": [0]}],
                   "LEAN_DEQUANT": [{"LEAN_MIN_US": [18, 20, 22, 24, 30]}],
                   "LEAN_MAXNREG": [{"LEAN_MIN_US": [18, 20, 22, 24, 30]}]},
@@ -159,7 +179,7 @@ SEARCH_SPACE = {
 
 _TIER_RANGE_KEYS = ("N_MIN", "N_MAX", "K_MIN", "K_MAX")
 _ALLOWED = {"DEQUANT": (1, 2, 3), "LEAN_DEQUANT": (1, 2, 3), "SCALE_AFTER_DOT": (0, 1), "GRID": (0, 1),
-            "WS_WIDE": (0, 1)}
+            "WS_WIDE": (0, 1), "FLOOR_GRID": (0, 1)}
 
 
 def _next_pow2(value):
@@ -257,14 +277,20 @@ def _validate(config):
 
 def _split_plan(config, groups, pinned):
     """GRID 0: the split (fixed, or the fewest that give MIN_PROGRAMS, then the device-bound floor), the loop its
-    predicted time chooses (leaner, warp-specialized) and, for the WS loop, one wave of programs."""
+    predicted time chooses (leaner, warp-specialized) and, for the WS loop, one wave of programs. Where the floor cuts
+    a free split and FLOOR_GRID is 1, a stream-K grid of the floor's program count instead (GRID 1, PROGRAMS)."""
     M, K, N, tiles = config["M"], config["K"], config["N"], config["M_TILES"] * config["N_TILES"]
     fixed_split = bool(config["SPLIT_K"])
     split_k = int(config["SPLIT_K"]) or triton.cdiv(int(config["MIN_PROGRAMS"]), tiles)
     # every split owns at least one whole group; the remainder groups spread one each over some splits
     split_k = max(1, min(split_k, groups))
     if not fixed_split and config["DEVICE_BOUND_US"] > 0:  # a fixed SPLIT_K is taken as given
-        split_k = device_bound_split(M, K, N, tiles, split_k, config["DEVICE_BOUND_US"])
+        free, split_k = split_k, device_bound_split(M, K, N, tiles, split_k, config["DEVICE_BOUND_US"])
+        programs = device_bound_programs(M, K, N, tiles * free, config["DEVICE_BOUND_US"])
+        if config["FLOOR_GRID"] and programs > tiles * split_k:  # the floor cut the split: land on it
+            config.update({"GRID": 1, "SPLIT_K": 1, "PROGRAMS": programs, "WS": 0,
+                           "PREDICTED_US": predicted_us(M, K, N, programs)})
+            return config
     config["SPLIT_K"] = split_k
     config["PREDICTED_US"] = predicted_us(M, K, N, tiles * split_k)
     if config["LEAN_MIN_US"] and config["PREDICTED_US"] >= config["LEAN_MIN_US"] and not pinned:
