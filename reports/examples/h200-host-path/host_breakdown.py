@@ -1,0 +1,123 @@
+"""Where a W4A16 call's host time goes, piece by piece, for several solutions on the same host (needs CUDA).
+
+Each piece is timed as ``evals.stability.probe`` times a whole call: a spin kernel keeps the GPU busy while the host
+issues the calls, so no piece waits on the GPU. The pieces of the lean host path (launch.address_call) are:
+    fits     the guard's attribute reads (dtype, shape, contiguity, device, alignment of x and residual)
+    alloc    torch.empty_like(residual): the fresh output
+    stream   the current stream's handle (triton's driver)
+    entry    the launcher's C entry with the call's arguments prepared once (argument parsing and cuLaunchKernel)
+    call     the whole call, as the verifier's host probe sees it
+beside two floors: ``entry`` of a one-store kernel with a single pointer (the driver's launch and the entry's fixed
+cost) and bench's compiled-launch floor (torch.empty + that launch through CompiledKernel[grid]).
+
+Usage: python3 reports/examples/h200-host-path/host_breakdown.py [--solutions methods/main methods/drafts/w4a16]
+           [--cases 18x8192x1024 ...] [--json OUT]
+"""
+import argparse
+import inspect
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT))
+
+from evals import bench, stability  # noqa: E402
+from evals.loader import load_solution  # noqa: E402
+from evals.task import load  # noqa: E402
+
+TASK = load("w4a16")
+W4 = TASK.adapter
+
+
+def closure(fn) -> dict:
+    return inspect.getclosurevars(fn).nonlocals
+
+
+def pieces(module, case, device) -> dict:
+    """The callables of one built case's host path, each taking (x, residual)."""
+    from triton.runtime import driver
+
+    launch = sys.modules[module.__name__.rpartition(".")[0] + ".launch"]
+    t = W4.tensors(case, "normal", device)
+    fn = module.build(t.qweight, t.scales, t.bias, case.epilogue)
+    fn(t.x, t.residual)  # compiles and makes the call of this M
+    call = closure(fn)["calls"][(case.m, case.k)]
+    held = closure(call)
+    result = {"call": fn, "fits": lambda x, r: launch.fits(x, r, (case.m, case.k), (case.m, case.n), device.index),
+              "alloc": lambda x, r: torch.empty_like(r),
+              "stream": lambda x, r: driver.active.get_current_stream(device.index)}
+    if "w_ptr" in held or "w_arg" in held:  # the split-K or stream-K kernel on bare addresses
+        out = torch.empty_like(t.residual)
+        o_ptr = out.data_ptr()
+        words = held.get("w_ptr", held.get("w_arg"))
+        kept = held["kept"]
+        a_ptr, c_ptr = (held["a_ptr"], held["c_ptr"]) if kept else (o_ptr, o_ptr)
+        args = (t.x.data_ptr(), words, held["s_ptr"], held["b_ptr"], t.residual.data_ptr(), o_ptr, a_ptr, c_ptr,
+                *held["tail"])
+        run = held["run"]
+        result["entry"] = lambda x, r: run(*args)
+        result["_keep"] = (out, t)
+    return result, [(t.x, t.residual)]
+
+
+def one_store_entry(launch, device) -> dict:
+    """The launcher's entry for a one-store kernel with one pointer argument: the entry's and the driver's fixed
+    cost, through the same bare path as the family's calls."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def one_store(out_ptr):
+        tl.store(out_ptr, 0.0)
+
+    probe = torch.empty(1, dtype=torch.float16, device=device)
+    compiled = one_store.warmup(probe, grid=(1,))
+    run = launch.compiled_launcher(compiled, (1, 1, 1), device.index)
+    ptr = probe.data_ptr()
+    return {"entry": lambda x, r: run(ptr), "_keep": probe}
+
+
+def measure(callables: dict, inputs, device) -> dict:
+    return {name: stability.probe(piece, inputs, device)["host_us"] for name, piece in callables.items()
+            if not name.startswith("_")}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--solutions", nargs="+", default=["methods/main", "methods/drafts/w4a16"])
+    parser.add_argument("--cases", nargs="+", default=None, help="MxKxN (default: the visible panel)")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("host_breakdown: no CUDA GPU; run it on the H200", file=sys.stderr)
+        return 2
+    device = torch.device("cuda", torch.cuda.current_device())
+    cases = [c for c in TASK.cases("visible") if not args.cases or f"{c.m}x{c.k}x{c.n}" in args.cases]
+    floors = bench.host_floors(device, (32, 8192), torch.float16)
+    first = load_solution(ROOT / args.solutions[0])
+    small = one_store_entry(sys.modules[first.__name__.rpartition(".")[0] + ".launch"], device)
+    inputs = [(torch.empty(1, device=device), torch.empty(1, device=device))]
+    floors["one_store_entry_us"] = measure(small, inputs, device)["entry"]
+    print(f"floors: {json.dumps({k: round(v, 2) for k, v in floors.items()})}")
+    rows = []
+    for solution in args.solutions:
+        module = load_solution(ROOT / solution)
+        for case in cases:
+            callables, inputs = pieces(module, case, device)
+            row = {"solution": solution, "case": f"{case.m}x{case.k}x{case.n}",
+                   "plan": {k: v for k, v in module.plan(case.m, case.k, case.n).items()
+                            if k in ("GRID", "SPLIT_K", "PROGRAMS", "WS", "PREDICTED_US")},
+                   **{f"{k}_us": v for k, v in measure(callables, inputs, device).items()}}
+            rows.append(row)
+            print(json.dumps(row))
+            torch.cuda.empty_cache()
+    if args.json:
+        Path(args.json).write_text(json.dumps({"floors": floors, "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
