@@ -24,10 +24,10 @@ REPEATS ?= 3
 JOBS ?= 2
 XDIST = $(shell $(PY) -c 'import xdist' 2>/dev/null && echo yes)
 
-.PHONY: help setup test test-gpu sweep selfcheck guard policy profile bench qualify agent-run agent-status clean-workspace report promote verify gates sealed-panel
+.PHONY: help setup test test-gpu sweep selfcheck guard policy profile bench e2e qualify agent-run agent-status clean-workspace report promote verify gates sealed-panel
 
 help: ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 setup: ## create .venv with everything (a CPU torch where no GPU is present)
 	python3 -m venv $(VENV)
@@ -74,6 +74,16 @@ sweep: ## tuning overrides of a solution on the GPU, checked then timed in child
 
 bench: ## the baseline, main and the task's peers against the host and GPU floors, host us/call (needs CUDA) [TASK=] [NO_PEERS=1] [JSON=]
 	$(PY) -m evals.bench $(T) $(P) $(if $(NO_PEERS),--no-peers) $(if $(JSON),--json $(JSON))
+
+# make e2e: W4A16="DIR ..." the W4A16 solution folders it serves (default: the task's v0 and main)
+W4A16 ?=
+BATCHES ?=
+LAYERS ?=
+STEPS ?=
+OUT ?=
+
+e2e: ## decode tokens/s of a Llama-3-8B-shaped model, its linear layers per backend (timing needs CUDA; CPU: a tiny model, correctness only): [TASK=w4a16|llgemm] [W4A16="DIR ..."] [BATCHES=1,8,16,24,32] [LAYERS=32] [STEPS=200] [JSON=] [OUT=dir]
+	$(PY) -m evals.e2e $(T) $(if $(W4A16),--w4a16 $(W4A16)) $(if $(BATCHES),--batches $(BATCHES)) $(if $(LAYERS),--layers $(LAYERS)) $(if $(STEPS),--steps $(STEPS)) $(if $(JSON),--json $(JSON)) $(if $(OUT),--out $(OUT))
 
 qualify: ## host cost, GPU time and the verifier's timed vectors per plan (needs CUDA): [TASK=] SOLUTION= [PANEL=] [QGRID=FILE] [REPEATS=3] [JSON=]
 	$(PY) -m evals.qualify $(T) $(S) $(P) $(if $(QGRID),--grid $(QGRID)) --repeats $(REPEATS) $(if $(JSON),--json $(JSON))
