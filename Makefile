@@ -37,7 +37,7 @@ setup: ## create .venv with everything (a CPU torch where no GPU is present)
 	else \
 		$(VENV)/bin/python -m pip install -q torch==2.13.0 triton==3.6.0; \
 	fi
-	$(VENV)/bin/python -m pip install -q -e '.[dev]'
+	$(VENV)/bin/python -m pip install -q -e '.[dev,cluster]'
 	@echo "setup done: $$($(VENV)/bin/python -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, "cuda", torch.cuda.is_available())')"
 	@command -v chromium >/dev/null || echo "optional: 'apt-get install chromium' lets make test render the HTML report in a headless browser (that test is skipped without it)"
 
@@ -88,8 +88,8 @@ e2e: ## decode tokens/s of a Llama-3-8B-shaped model, its linear layers per back
 qualify: ## host cost, GPU time and the verifier's timed vectors per plan (needs CUDA): [TASK=] SOLUTION= [PANEL=] [QGRID=FILE] [REPEATS=3] [JSON=]
 	$(PY) -m evals.qualify $(T) $(S) $(P) $(if $(QGRID),--grid $(QGRID)) --repeats $(REPEATS) $(if $(JSON),--json $(JSON))
 
-agent-run: ## the optimization loop: [TASK=] ITER=20 [BACKEND=auto|offline|openai] [MODEL=] [PANEL=visible|smoke|FILE] [FROM=main|vN] [TIME=MIN] [RESUME=RUN_ID]
-	$(PY) -m agent run --iters $(ITER) $(T) $(if $(RESUME),--resume $(RESUME),$(if $(BACKEND),--backend $(BACKEND)) $(if $(MODEL),--model $(MODEL)) $(P) $(if $(FROM),--from $(FROM)) $(if $(TIME),--time-limit $(TIME)))
+agent-run: ## the optimization loop: [TASK=] ITER=20 [BACKEND=auto|offline|openai] [MODEL=] [PANEL=visible|smoke|FILE] [FROM=main|vN] [TIME=MIN] [GPUS=0,1|all] [WORKERS=N] [CLUSTER=tcp://HOST:8786] [RESUME=RUN_ID]
+	$(PY) -m agent run --iters $(ITER) $(T) $(if $(RESUME),--resume $(RESUME),$(if $(BACKEND),--backend $(BACKEND)) $(if $(MODEL),--model $(MODEL)) $(P) $(if $(FROM),--from $(FROM)) $(if $(TIME),--time-limit $(TIME)) $(if $(GPUS),--gpus $(GPUS)) $(if $(WORKERS),--workers $(WORKERS)) $(if $(CLUSTER),--cluster $(CLUSTER)))
 
 agent-status: ## runs by task; the task's best kept versions and last ledger rows [TASK=]
 	$(PY) -m agent status $(T)

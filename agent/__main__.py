@@ -128,6 +128,47 @@ def start_point(task: Task, start: str) -> Path:
     return task.versions / start
 
 
+def resolve_workers(gpus: str | None, workers: int | None, cluster: str | None) -> list[str]:
+    """A parallel run's workers, each the GPU it is pinned to ("" for the environment's own); [] for a plain run.
+    With --cluster the workers are the cluster's, pinned where they were started: --gpus is refused there."""
+    if cluster:
+        if gpus:
+            raise Refused("--gpus pins local workers; a cluster's workers are pinned where they start "
+                          "(CUDA_VISIBLE_DEVICES=i dask worker ADDRESS --resources GPU=1): leave --gpus out")
+        from agent.pool import connect
+
+        try:
+            client = connect(cluster)
+        except ConnectionError as exc:
+            raise Refused(str(exc)) from None
+        found = len(client.scheduler_info().get("workers", {}))
+        client.close()
+        if not found and not workers:
+            raise Refused(f"the Dask cluster at {cluster} has no workers yet: start them, or give --workers N")
+        return [""] * (workers or found)
+    ids = all_gpus() if gpus == "all" else [g.strip() for g in gpus.split(",")] if gpus else []
+    bad = [g for g in ids if not re.fullmatch(r"\d+|(GPU|MIG)-[\w-]+", g)]
+    if bad or (gpus is not None and not ids):
+        raise Refused(f"--gpus {gpus}: expected all or comma-separated CUDA device ids (0,1,...) or UUIDs")
+    if workers is None:
+        return ids
+    if ids:
+        return [ids[i % len(ids)] for i in range(workers)]
+    return [""] * workers if workers > 1 else []
+
+
+def all_gpus() -> list[str]:
+    """The ids of the GPUs nvidia-smi lists; Refused where there are none."""
+    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True) if shutil.which("nvidia-smi") \
+        else None
+    ids = [str(i) for i, line in enumerate((listed.stdout if listed and not listed.returncode else "").splitlines())
+           if line.startswith("GPU ")]
+    if not ids:
+        raise Refused("--gpus all: nvidia-smi lists no GPU here; give device ids, or --workers N to share this "
+                      "machine")
+    return ids
+
+
 def load_task(task: str | None) -> Task:
     try:
         return Task.load(ROOT, task)
@@ -157,10 +198,13 @@ def planned_run(task: Task, args: argparse.Namespace) -> tuple[RunConfig, Path]:
     cuda = has_cuda()
     panel, note = resolve_panel(args.panel, cuda)
     check_panel(task, panel, cuda)
+    cluster = getattr(args, "cluster", None)
+    workers = resolve_workers(getattr(args, "gpus", None), getattr(args, "workers", None), cluster)
     config = RunConfig(iters=args.iters, backend=resolve_backend(args.backend), model=args.model or "", panel=panel,
                        start_from=args.start_from, time_limit_min=args.time_limit, cost_limit_usd=args.cost_limit,
                        script=str(Path(args.script).resolve()) if args.script else None, cuda=cuda,
-                       task=str(task.root / task.folder), full_check=args.full_check)
+                       task=str(task.root / task.folder), full_check=args.full_check, workers=workers,
+                       cluster=cluster)
     start = start_point(task, config.start_from)
     if note:
         say(f"note: {note}")
@@ -199,6 +243,10 @@ def resumed_run(args: argparse.Namespace) -> tuple[Task, RunConfig, RunState, Wo
     task = load_task(state.config.get("task"))
     if args.task and load_task(args.task).name != task.name:
         raise Refused(f"run {args.resume} is a run of task {task.name}, not {args.task}; leave --task out to resume it")
+    given = [flag for flag, value in (("--gpus", args.gpus), ("--workers", args.workers), ("--cluster", args.cluster))
+             if value is not None]
+    if given:
+        raise Refused(f"{', '.join(given)}: a resumed run keeps its own workers; leave {given[0]} out")
     state.config["task"] = str(task.root / task.folder)
     workspace = Workspace(ROOT, args.resume, task.candidate_dir)
     if state.status == "running" and state.pid != os.getpid() and pid_alive(state.pid):
@@ -258,7 +306,12 @@ def run_session(args: argparse.Namespace) -> RunState:
         proposer = ready_proposer(config)
         state.status, state.pid, state.stop_reason = "running", os.getpid(), ""
     state.save(workspace.state_dir)
-    run = Run(task, config, state, workspace, proposer, Display(config.iters, state.attempts, args.plain))
+    try:
+        run = Run(task, config, state, workspace, proposer, Display(config.iters, state.attempts, args.plain))
+    except ConnectionError as exc:  # the run's Dask cluster is gone: stopped, resumable once it is back
+        state.status, state.stop_reason = "stopped", str(exc)
+        state.save(workspace.state_dir)
+        raise Refused(f"{exc}; resume with `{PROG} run --resume {state.run_id}` once it answers") from None
     if not fresh:  # a killed attempt may have left an unrecorded edit: resume from the best
         replace_solution(run.tools.candidate, run.best_dir)
     run.display.line(f"run {state.run_id}: backend {proposer.label}, panel {Path(config.panel).name}, "
@@ -414,6 +467,14 @@ def main(argv: list[str] | None = None) -> int:
                           "with --resume, the run's own)")
     run.add_argument("--full-check", action="store_true",
                      help="the task's checks on every correct candidate, not only on those that would be kept")
+    run.add_argument("--gpus", metavar="LIST|all",
+                     help="parallel candidates: one worker per GPU (comma-separated CUDA device ids, or all); a batch "
+                          "of that many candidates is evaluated at once, each pinned to its GPU")
+    run.add_argument("--workers", type=at_least_one, metavar="N",
+                     help="workers in a batch (default: one per GPU of --gpus, or per worker of --cluster); more "
+                          "workers than GPUs share them, and their timings are marked shared")
+    run.add_argument("--cluster", metavar="ADDRESS",
+                     help="a Dask scheduler (tcp://HOST:8786) whose workers, one per GPU, evaluate the candidates")
     run.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
     submit = command("submit", "evaluate and record a hand-written candidate as one attempt (exit 1 if it fails "
                                "a check)")

@@ -270,3 +270,8 @@ class RunConfig:
     """The task's folder (absolute) as the run resolved it: --resume, report and every hint use it."""
     cuda: bool = False
     """Whether the evaluator runs on a GPU; without it timings are interpreter wall times."""
+    workers: list[str] = field(default_factory=list)
+    """A parallel run's workers, each the GPU it is pinned to (a CUDA_VISIBLE_DEVICES value; "" for the agent's own
+    environment); a GPU named twice is shared. Empty: one attempt at a time, as a plain run."""
+    cluster: str | None = None
+    """A Dask scheduler's address: the workers are that cluster's (agent/pool.py), not local processes."""

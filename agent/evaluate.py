@@ -94,8 +94,9 @@ def baseline_noise_only(report: dict) -> bool:
 class Evaluator:
     """Runs the task's evaluator commands on a solution directory; outputs go to ``work_dir``."""
 
-    def __init__(self, task: Task, panel: str, cuda: bool, work_dir: Path, timeout_s: float | None = None):
-        self.task, self.panel, self.cuda, self.work_dir = task, panel, cuda, work_dir
+    def __init__(self, task: Task, panel: str, cuda: bool, work_dir: Path, timeout_s: float | None = None,
+                 gpu: str = ""):
+        self.task, self.panel, self.cuda, self.work_dir, self.gpu = task, panel, cuda, work_dir, gpu
         # per stage; a run passes its panel_limit, which a lower task limit (KLOOP_EVAL_TIMEOUT on --resume) caps
         self.timeout_s = min(timeout_s or task.eval_timeout_s, task.eval_timeout_s)
         work_dir.mkdir(parents=True, exist_ok=True)
@@ -108,7 +109,7 @@ class Evaluator:
         started = time.monotonic()
         given = self.task.task_arg if task else ()
         result = run_command(python_command(module_args, *given, *args, "--json", str(json_out)),
-                             self.task.root, self.timeout_s, python_env(self.task.root, self.cuda))
+                             self.task.root, self.timeout_s, python_env(self.task.root, self.cuda, self.gpu))
         seconds = time.monotonic() - started
         try:
             report = json.loads(json_out.read_text()) if json_out.is_file() else None

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from agent.display import Display
 from agent.evaluate import Evaluator, correct_cell, panel_limit
 from agent.exceptions import EndpointUnavailable, LimitsExceeded, ProposerError, Submitted
 from agent.prompts import render
-from agent.proposers import IterationContext, Proposer
+from agent.proposers import IterationContext, Proposer, Usage
 from agent.tools import Tools, profile_text
 from agent.workspace import RunState, Workspace, replace_solution
 
@@ -29,10 +30,13 @@ class Run:
                  display: Display):
         self.task, self.config, self.state, self.workspace, self.proposer = task, config, state, workspace, proposer
         self.display = display
-        self.evaluator_tools = Evaluator(task, config.panel, config.cuda, workspace.state_dir / "tools")
+        # one worker pinned to one GPU (--gpus N) is a plain run on that GPU
+        self.gpu = config.workers[0] if len(config.workers) == 1 else ""
+        self.evaluator_tools = Evaluator(task, config.panel, config.cuda, workspace.state_dir / "tools", gpu=self.gpu)
         self.tools = Tools(task, workspace.path, self.evaluator_tools)
         self.stop_reason: str | None = None
         self.session_start = time.monotonic()
+        self.pool = make_pool(task, config, workspace.state_dir / "attempts")
 
     @property
     def best_dir(self) -> Path:
@@ -45,10 +49,12 @@ class Run:
 
     def run(self) -> RunState:
         previous = signal.signal(signal.SIGINT, self._on_sigint)
+        from agent import batch  # it builds on this module's Attempt and record
+        step = (lambda: batch.step(self)) if self.pool else self.step
         try:
             self.recover()
             while True:
-                self.step()
+                step()
         except LimitsExceeded as exc:
             self.state.status = "finished" if self.state.attempts >= self.config.iters else "stopped"
             self.state.stop_reason = str(exc)
@@ -66,6 +72,8 @@ class Run:
             signal.signal(signal.SIGINT, previous)
             self.state.save(self.workspace.state_dir)
             self.display.close()
+            if self.pool:
+                self.pool.close()
         return self.state
 
     def _on_sigint(self, signum, frame) -> None:
@@ -134,32 +142,38 @@ class Run:
 
     def attempt(self, iteration: int, summary: str, hypothesis: str, context: IterationContext,
                 propose_s: float) -> None:
-        """Evaluate the candidate, then write in an order that a kill at any instant leaves whole: the record (vN,
-        row, index line; see ledger.record), the commit on the run's branch, the run state. A resumed run finishes a
-        recorded attempt from its index line (``recover``) and makes an unrecorded one again."""
+        """Evaluate the candidate, then record it (``record``)."""
         started = time.monotonic()
-        # a directory of its own per evaluation: a killed run's evaluator children may still write to theirs on --resume
-        name = f"{iteration:03d}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{os.urandom(3).hex()}"
+        name = eval_name(iteration)
         evaluator = Evaluator(self.task, self.config.panel, self.config.cuda,
-                              self.workspace.state_dir / "attempts" / name, self.state.eval_limit_s)
+                              self.workspace.state_dir / "attempts" / name, self.state.eval_limit_s, gpu=self.gpu)
         verdict = evaluator.evaluate(self.tools.candidate, self.best_dir, self.state.best_is_baseline,
                                      self.config.full_check, self.state.best_score, self.best_profile())
-        text = summary + (f"; hypothesis: {hypothesis}" if hypothesis and hypothesis not in summary else "")
+        self.record(Attempt(iteration, summary, hypothesis, context.usage, propose_s, time.monotonic() - started,
+                            name, verdict), (self.state.best_label, self.best_dir))
+
+    def record(self, attempt: Attempt, parent: tuple[str, Path], extra: dict | None = None) -> None:
+        """Write the candidate's attempt in an order that a kill at any instant leaves whole: the record (vN, row,
+        index line; see ledger.record), the commit on the run's branch, the run state. ``parent`` is the best it was
+        proposed from (label, folder). A resumed run finishes a recorded attempt from its index line (``recover``)
+        and makes an unrecorded one again."""
+        verdict, usage = attempt.verdict, attempt.usage
+        text = attempt.summary + (f"; hypothesis: {attempt.hypothesis}"
+                                  if attempt.hypothesis and attempt.hypothesis not in attempt.summary else "")
         # the checks run only for a candidate about to be kept (or with --full-check)
         row = row_values(self.task, verdict, datetime.now(timezone.utc), run=self.state.run_id,
-                         backend=self.proposer.label, parent=self.state.best_label, summary=text,
+                         backend=self.proposer.label, parent=parent[0], summary=text,
                          decision=decision(verdict), unchecked="not run (not kept)")
-        eval_s = time.monotonic() - started
-        extra = {"task": self.task.name, "iteration": iteration, "summary": summary, "hypothesis": hypothesis,
-                 "keep": verdict["keep"],
-                 "prompt_tokens": context.usage.prompt_tokens, "completion_tokens": context.usage.completion_tokens,
-                 "tokens": context.usage.tokens, "cost_usd": context.usage.cost_usd, "propose_s": round(propose_s, 2),
-                 "eval_s": round(eval_s, 2), "wall_s": round(propose_s + eval_s, 2), "eval_dir": name,
+        extra = {"task": self.task.name, "iteration": attempt.iteration, "summary": attempt.summary,
+                 "hypothesis": attempt.hypothesis, "keep": verdict["keep"],
+                 "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                 "tokens": usage.tokens, "cost_usd": usage.cost_usd, "propose_s": round(attempt.propose_s, 2),
+                 "eval_s": round(attempt.eval_s, 2), "wall_s": round(attempt.propose_s + attempt.eval_s, 2),
+                 "eval_dir": attempt.eval_dir, **(extra or {}),
                  # the stages' output tails stay in vN/verdict.json: the index keeps a line per attempt small
                  "verdict": verdict | {"stages": [{k: v for k, v in s.items() if k != "output"}
                                                   for s in verdict["stages"]]}}
-        recorded = ledger.record(self.task, self.tools.candidate, self.best_dir, self.state.best_label, row, verdict,
-                                 extra)
+        recorded = ledger.record(self.task, self.tools.candidate, parent[1], parent[0], row, verdict, extra)
         ledger.pause_at("recorded")
         self.workspace.commit(recorded.row)
         ledger.pause_at("committed")
@@ -212,6 +226,35 @@ class Run:
             replace_solution(self.tools.candidate, self.best_dir)
 
 
+def make_pool(task: Task, config: RunConfig, attempts: Path):
+    """A parallel run's workers (more than one, or a cluster's), else None: one attempt at a time."""
+    from agent.pool import DaskPool, LocalPool, Slot, make_slots
+
+    if config.cluster:  # a cluster's workers are pinned, one per GPU, where they were started
+        slots = [Slot("", False) for _ in config.workers]
+        return DaskPool(task, config.panel, config.cuda, attempts, slots, config.cluster)
+    slots = make_slots(config.workers)
+    return LocalPool(task, config.panel, config.cuda, attempts, slots) if len(slots) > 1 else None
+
+
+@dataclass
+class Attempt:
+    """One candidate's evaluation, as its record needs it."""
+    iteration: int
+    summary: str
+    hypothesis: str
+    usage: Usage
+    propose_s: float
+    eval_s: float
+    eval_dir: str
+    verdict: dict
+
+
+def eval_name(iteration: int) -> str:
+    """A folder of its own per evaluation: a killed run's evaluator children may still write to theirs on --resume."""
+    return f"{iteration:03d}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{os.urandom(3).hex()}"
+
+
 def same_files(candidate: Path, best: Path) -> bool:
     """Whether the candidate's solution files are the best's, byte for byte."""
     mine, theirs = ledger.solution_files(candidate), ledger.solution_files(best)
@@ -241,6 +284,12 @@ def metric_cells(task: Task, verdict: dict, unchecked: str) -> dict[str, str]:
 
 
 def decision(verdict: dict) -> str:
+    """``verdict_decision``, marked where the candidate was timed beside another worker on the same GPU."""
+    shared = (verdict.get("worker") or {}).get("shared") and verdict.get("correct") is not None
+    return verdict_decision(verdict) + (" [timed on a device shared with another worker]" if shared else "")
+
+
+def verdict_decision(verdict: dict) -> str:
     """The ledger's decision cell: keep or revert and why, the reason in full (each stage's output tail is in
     verdict.json). Without a GPU nothing is kept on timing: interpreter wall times cannot rank kernels, and the cell
     says so. A valid candidate the verifier could not time (its ``stable`` cell "no ...", GPU only) reads "revert
@@ -252,7 +301,10 @@ def decision(verdict: dict) -> str:
                     if estimated else f"; {speedup:.3f}x best, noise {fmt(noise)}")
         return f"revert (no GPU: nothing is kept on interpreter timings, which rank nothing{measured})"
     if verdict["keep"]:
-        return f"keep ({speedup:.3f}x best, noise {noise:.3f})"
+        again = ", timed again alone" if verdict.get("retimed_alone") else ""
+        return f"keep ({speedup:.3f}x best, noise {noise:.3f}{again})"
+    if verdict["valid"] and verdict.get("batch_note"):
+        return f"revert (batch: {verdict['batch_note']})"
     if verdict["valid"] and str(verdict.get("stable", "")).startswith("no"):
         why = ", ".join(f"{u['case']} {u['why']}" for u in verdict.get("unstable") or []) or verdict["stability_note"]
         return f"revert (unstable: {why}; {'~' if estimated else ''}{fmt(speedup)}x best)"

@@ -19,12 +19,15 @@ def clip(text: str, limit: int = OUTPUT_LIMIT) -> str:
     return text if len(text) <= limit else f"[... {len(text) - limit} characters cut ...]\n" + text[-limit:]
 
 
-def python_env(root: Path, cuda: bool) -> dict[str, str]:
-    """The evaluator imports from the main checkout; without CUDA it runs under the Triton interpreter."""
+def python_env(root: Path, cuda: bool, gpu: str = "") -> dict[str, str]:
+    """The evaluator imports from the main checkout; without CUDA it runs under the Triton interpreter. ``gpu`` (a
+    CUDA_VISIBLE_DEVICES value) pins a parallel run's worker to its GPU; empty, the agent's own environment holds."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(root) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     if not cuda:
         env["TRITON_INTERPRET"] = "1"
+    if gpu:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
     env.pop("KLOOP_SCRIPT", None)
     env.pop("KLOOP_PAUSE_AT", None)  # the agent's test-only pause hook: nothing of the evaluator's business
     return env

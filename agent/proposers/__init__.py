@@ -38,6 +38,11 @@ class IterationContext:
     """The run's iteration limit (``iteration`` of ``iters``), when it has one."""
     best: str | None = None
     """The run's best version (``vN``), whose files the candidate holds at the iteration's start."""
+    pending: list[str] = field(default_factory=list)
+    """In a parallel run's batch, the identities (``ledger.identity``) of the candidates proposed before this one
+    and not yet recorded: a proposer treats them as tried."""
+    pending_sources: list[str] = field(default_factory=list)
+    """Their solution.py sources."""
 
 
 class Proposer(Protocol):

@@ -386,7 +386,7 @@ class OfflineProposer:
         # they are) or, for rows from before identities hashed every file, solution.py's own hash
         helpers = {path.name: path.read_bytes() for path in solution_files(tools.candidate)
                    if path.name != "solution.py"}
-        tried = {row.get("sha256") for row in rows} | {legacy_sha256(source.encode())}
+        tried = {row.get("sha256") for row in rows} | {legacy_sha256(source.encode())} | set(context.pending)
 
         def known(proposal: str) -> bool:
             return (legacy_sha256(proposal.encode()) in tried

@@ -339,6 +339,9 @@ def step(tools: Tools, history: History, tables: list[Table], found: dict[str, I
          context: IterationContext, submit) -> None:
     """Every table that decides a panel shape at its incumbent plus its own next untried move."""
     tried = history.configurations() | {configuration(t.name, t.entries) for t in tables}
+    # a parallel run's batch: the members proposed before this one, not yet recorded, are tried too
+    tried |= {configuration(t.name, t.entries) for source in context.pending_sources
+              for t in find_tables(source, tools.task)}
     current = [replace_entries(t, found[t.name].entries) for t in tables]
     by_table: dict[str, list[Move]] = {}
     for move in single_moves(current, context.profile, space, tools.task):

@@ -1,0 +1,226 @@
+"""Parallel candidates: the evaluations of one batch side by side, each on a worker pinned to one GPU.
+
+On this host (``LocalPool``) a worker is a thread driving the evaluator's subprocesses with CUDA_VISIBLE_DEVICES set
+to its GPU. On a Dask cluster (``DaskPool``, ``--cluster ADDRESS``) it is a task on a cluster worker, which runs the
+same evaluator, in subprocesses, in its own checkout of the project (``KLOOP_ROOT`` there, else the path the agent
+runs from); start one worker per GPU, pinned, with a resource of one GPU:
+
+    CUDA_VISIBLE_DEVICES=0 dask worker tcp://HOST:8786 --nworkers 1 --nthreads 1 --resources GPU=1
+
+Either way a worker that raises, dies or gives no verdict in time costs its attempt (a failed ``worker`` stage, then
+recorded like any attempt), never the run.
+
+Why Dask rather than Ray: the GPU machines install from carried wheels; dask and distributed with everything they
+need are about 5 MB of wheels, Ray's own wheel over 60 MB for one Python and platform. Dask's scheduler gives what
+the loop needs and no more: submit a function with a resource (GPU=1), wait on its result with a timeout, hear of a
+worker's death as an error.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent import ledger
+from agent.config import Task
+from agent.evaluate import Evaluator, Stage
+
+GRACE_S = 60.0
+"""A worker's verdict may take its stages' limits plus this (start-up, the stages' own overheads) before the worker
+is given up."""
+
+
+@dataclass
+class Slot:
+    gpu: str
+    """The worker's CUDA_VISIBLE_DEVICES; "" keeps the agent's environment (on a cluster: the worker's own)."""
+    shared: bool
+    """Another worker of the run has the same GPU: its timings share the device."""
+
+
+def make_slots(workers: list[str]) -> list[Slot]:
+    return [Slot(gpu, workers.count(gpu) > 1) for gpu in workers]
+
+
+@dataclass
+class Job:
+    """One candidate of a batch, as its evaluation needs it."""
+    iteration: int
+    name: str
+    """Its evaluation's folder under the run's attempts/."""
+    candidate: Path
+    """A snapshot of the candidate's files."""
+    best: Path
+    best_is_baseline: bool
+    best_score: float | None
+    best_check: dict | None
+
+
+def failed_verdict(panel: str, cuda: bool, note: str) -> dict:
+    """The verdict of an attempt whose worker gave none: not valid, its ``worker`` stage failed with ``note``."""
+    stage = Stage("worker", False, None, 0.0, note, None).summary()
+    return {"stages": [stage], "failed_stage": "worker", "panel": panel, "gpu_timing": cuda, "correct": None,
+            "raised": False, "strata": {}, "score": None, "cases": [], "stable": "-", "stability_note": "",
+            "unstable": [], "note": f"worker: {note}", "valid": False, "keep": False, "speedup_over_best": None,
+            "noise": None}
+
+
+def worker_limit(stage_limit_s: float, stages: int) -> float:
+    """How long a worker may take for one verdict: every stage at its limit, and the grace."""
+    return stage_limit_s * max(1, stages) + GRACE_S
+
+
+class LocalPool:
+    """Workers on this host: one thread per slot, each evaluation's subprocesses pinned to the slot's GPU."""
+
+    def __init__(self, task: Task, panel: str, cuda: bool, attempts: Path, slots: list[Slot]):
+        self.task, self.panel, self.cuda, self.attempts, self.slots = task, panel, cuda, attempts, slots
+
+    def evaluator(self, job: Job, slot: Slot, limit_s: float | None) -> Evaluator:
+        return Evaluator(self.task, self.panel, self.cuda, self.attempts / job.name, limit_s, gpu=slot.gpu)
+
+    def evaluate(self, jobs: list[Job], limit_s: float | None, full_check: bool) -> list[dict]:
+        """The verdict of each job, in order, its worker the slot of the same position."""
+        def one(job: Job, slot: Slot) -> dict:
+            return self.evaluator(job, slot, limit_s).evaluate(job.candidate, job.best, job.best_is_baseline,
+                                                               full_check, job.best_score, job.best_check)
+        wait = worker_limit(limit_s or self.task.eval_timeout_s, len(self.task.stages) + 2)
+        pool = ThreadPoolExecutor(max(1, len(jobs)), thread_name_prefix="kloop-worker")
+        futures = [pool.submit(one, job, slot) for job, slot in zip(jobs, self.slots)]
+        verdicts, deadline = [], time.monotonic() + wait
+        for future in futures:
+            verdicts.append(self._result(future, deadline, wait))
+        pool.shutdown(wait=False, cancel_futures=True)  # a hung worker's thread is left; its groups die at its limits
+        return verdicts
+
+    def _result(self, future, deadline: float, wait: float) -> dict:
+        try:
+            return future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except FutureTimeout:
+            return failed_verdict(self.panel, self.cuda, f"no verdict within {wait:.0f} s of the batch's start")
+        except Exception as exc:  # a bug or an OS error in the worker: its attempt fails, the batch goes on
+            return failed_verdict(self.panel, self.cuda, f"the worker failed: {type(exc).__name__}: {exc}")
+
+    def retime(self, job: Job, slot: Slot, limit_s: float | None) -> Stage:
+        """The candidate against the best again, with no other worker running: the comparison a keep rests on."""
+        return self.evaluator(job, slot, limit_s).selfcheck(job.candidate, job.best, "versus_best_alone")
+
+    def close(self) -> None:
+        pass
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in ledger.solution_files(directory)}
+
+
+def _write(directory: Path, files: dict[str, bytes]) -> Path:
+    directory.mkdir(parents=True)
+    for name, data in files.items():
+        (directory / Path(name).name).write_bytes(data)
+    return directory
+
+
+def remote_evaluate(payload: dict) -> dict:
+    """On a cluster worker: the job's evaluation (``mode`` "evaluate") or its comparison with the best alone
+    ("retime"), by the evaluator of the worker's own checkout, in a temporary folder; the verdict (or the stage) and
+    the evaluator's JSON reports come back."""
+    root = Path(os.environ.get("KLOOP_ROOT") or payload["root"])
+    folder = root / payload["task"]  # the task's folder relative to the checkout, or a name under tasks/
+    task = Task.load(root, str(folder) if (folder / "task.json").is_file() else payload["task"])
+    with tempfile.TemporaryDirectory(prefix="kloop-worker-") as tmp:
+        candidate = _write(Path(tmp) / "candidate", payload["candidate"])
+        best = _write(Path(tmp) / "best", payload["best"])
+        panel = payload["panel"]
+        if payload.get("panel_text") is not None:
+            panel = str(Path(tmp) / "panel.json")
+            Path(panel).write_text(payload["panel_text"])
+        work = Path(tmp) / "evaluation"
+        evaluator = Evaluator(task, panel, payload["cuda"], work, payload["limit_s"])
+        if payload["mode"] == "retime":
+            result = {"stage": evaluator.selfcheck(candidate, best, "versus_best_alone").__dict__}
+        else:
+            verdict = evaluator.evaluate(candidate, best, payload["best_is_baseline"], payload["full_check"],
+                                         payload["best_score"], payload["best_check"])
+            result = {"verdict": verdict | {"panel": payload["panel"]}}
+        result["reports"] = {path.name: path.read_text() for path in work.glob("*.json")}
+    return result | {"host": socket.gethostname(), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+
+
+class DaskPool(LocalPool):
+    """Workers of a Dask cluster: each job a task that needs one GPU of a worker (on a GPU run), its files shipped."""
+
+    def __init__(self, task: Task, panel: str, cuda: bool, attempts: Path, slots: list[Slot], address: str):
+        super().__init__(task, panel, cuda, attempts, slots)
+        self.client = connect(address)
+
+    def _payload(self, job: Job, mode: str, limit_s: float | None, full_check: bool = False) -> dict:
+        panel_path = Path(self.panel)
+        return {"mode": mode, "root": str(self.task.root), "task": self.task.folder, "panel": self.panel,
+                "panel_text": panel_path.read_text() if panel_path.is_file() else None, "cuda": self.cuda,
+                "limit_s": limit_s, "candidate": _files(job.candidate), "best": _files(job.best),
+                "best_is_baseline": job.best_is_baseline, "full_check": full_check, "best_score": job.best_score,
+                "best_check": job.best_check}
+
+    def _submit(self, payloads: list[dict]) -> list:
+        resources = {"GPU": 1} if self.cuda else None
+        return [self.client.submit(remote_evaluate, payload, pure=False, resources=resources) for payload in payloads]
+
+    def _gather(self, job: Job, future, deadline: float) -> dict | None:
+        """The worker's answer (its reports written into the job's evaluation folder), or None with the future
+        cancelled; the failure's note is in ``self.why``."""
+        try:
+            result = future.result(timeout=max(0.1, deadline - time.monotonic()))
+        except Exception as exc:  # a timeout, a worker that died (KilledWorker), an error raised in the task
+            future.cancel()
+            timed_out = "timeout" in type(exc).__name__.lower()
+            self.why = (f"no verdict within {deadline - self.started:.0f} s" if timed_out
+                        else f"the worker failed: {type(exc).__name__}: {exc}")
+            return None
+        folder = self.attempts / job.name
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in result.get("reports", {}).items():
+            (folder / Path(name).name).write_text(text)
+        return result
+
+    def evaluate(self, jobs: list[Job], limit_s: float | None, full_check: bool) -> list[dict]:
+        self.started = time.monotonic()
+        deadline = self.started + worker_limit(limit_s or self.task.eval_timeout_s, len(self.task.stages) + 2)
+        futures = self._submit([self._payload(job, "evaluate", limit_s, full_check) for job in jobs])
+        verdicts = []
+        for job, future in zip(jobs, futures):
+            result = self._gather(job, future, deadline)
+            if result is None:
+                verdicts.append(failed_verdict(self.panel, self.cuda, self.why))
+                continue
+            verdicts.append(result["verdict"] | {"worker_host": result["host"], "worker_gpu": result["gpu"]})
+        return verdicts
+
+    def retime(self, job: Job, slot: Slot, limit_s: float | None) -> Stage:
+        self.started = time.monotonic()
+        (future,) = self._submit([self._payload(job, "retime", limit_s)])
+        result = self._gather(job, future, self.started + worker_limit(limit_s or self.task.eval_timeout_s, 1))
+        if result is None:
+            return Stage("versus_best_alone", False, None, 0.0, self.why, None)
+        return Stage(**result["stage"])
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def connect(address: str):
+    """A client of the Dask scheduler at ``address``; ConnectionError with what to do where it cannot be reached."""
+    try:
+        from distributed import Client
+    except ModuleNotFoundError as exc:
+        raise ConnectionError("--cluster needs the 'distributed' package (dask): run `make setup`") from exc
+    try:
+        return Client(address, timeout="15s")
+    except (OSError, TimeoutError) as exc:
+        raise ConnectionError(f"no Dask scheduler answered at {address} ({type(exc).__name__}: {exc}); start one "
+                              "(`dask scheduler`) and its workers (`dask worker ADDRESS --resources GPU=1`), or "
+                              "leave --cluster out") from None

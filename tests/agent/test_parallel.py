@@ -1,0 +1,230 @@
+"""Parallel candidates (--workers, --gpus, --cluster): a batch of distinct candidates evaluated side by side, each
+worker pinned to its GPU, every attempt recorded exactly as a plain run records it (one vN, one row, one index line,
+one commit); at most one kept per batch, after it is timed again alone; a worker that fails, dies or hangs costs its
+attempt only. Real subprocesses, a real git repository, a real Dask cluster on loopback."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from agent import batch, pool
+from agent.ledger import ATTEMPT_ROW
+from agent.evaluate import Stage
+from agent.runner import python_env, run_command
+from tests.agent.conftest import agent_command, agent_env, make_project, run_agent, runs
+
+TOY = Path(__file__).resolve().parent.parent / "toy_task"
+TASK = "tests/toy_task"
+
+
+@pytest.fixture
+def toy(tmp_path: Path) -> Path:
+    """A project copy holding the toy task as the repository ships it (v0 and main only)."""
+    project = make_project(tmp_path)
+    shipped = shutil.ignore_patterns("__pycache__", "experiment_log.md", "index.jsonl", ".lock", "v[1-9]*")
+    shutil.copytree(TOY, project / TASK, ignore=shipped)
+    git = ["git", "-c", "user.name=test", "-c", "user.email=test@localhost"]
+    subprocess.run(git + ["add", "-A"], cwd=project, check=True)
+    subprocess.run(git + ["commit", "-qm", "the toy task"], cwd=project, check=True)
+    return project
+
+
+def entries(project: Path) -> list[dict]:
+    path = project / TASK / "versions" / "index.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def rows(project: Path) -> list[str]:
+    return [line for line in (project / TASK / "experiment_log.md").read_text().splitlines()
+            if ATTEMPT_ROW.match(line) and not line.startswith("| v0 |")]
+
+
+def assert_one_record_per_attempt(project: Path, iters: int) -> list[dict]:
+    found = entries(project)
+    assert [e["iteration"] for e in found] == list(range(1, iters + 1)), found
+    assert [e["version"] for e in found] == [f"v{i}" for i in range(1, iters + 1)]
+    assert [r.split(" | ")[0] for r in rows(project)] == [f"| v{i}" for i in range(1, iters + 1)]
+    assert len({e["sha256"] for e in found}) == iters, "a batch evaluated the same candidate twice"
+    for e in found:
+        assert (project / TASK / "versions" / e["version"] / "verdict.json").is_file()
+    (state,) = runs(project)
+    assert state["attempts"] == iters and len(state["history"]) == iters
+    subjects = subprocess.run(["git", "log", "--format=%s", f"runs/{state['run_id']}"], cwd=project,
+                              capture_output=True, text=True, check=True).stdout.splitlines()
+    assert sorted(s.split(" | ")[0] for s in subjects if s.startswith("| v")) == \
+        sorted(f"| v{i}" for i in range(1, iters + 1)), "one commit per attempt on the run's branch"
+    return found
+
+
+def test_two_workers_record_every_attempt_once_in_batches_of_two(toy: Path):
+    done = run_agent(toy, "run", "--task", TASK, "--iters", "4", "--panel", "smoke", "--backend", "offline",
+                     "--workers", "2", "--plain")
+    assert done.returncode == 0, done.stderr
+    found = assert_one_record_per_attempt(toy, 4)
+    assert [e["batch"] for e in found] == [[1, 2], [1, 2], [3, 4], [3, 4]]
+    # two workers on the one default device: their timings are marked shared, in the index and in the row
+    assert all(e["worker"] == {"gpu": "", "host": None, "shared": True} for e in found), found
+    assert all(r.split(" | ")[4] == "v0" for r in rows(toy)), "every member's parent is the best it came from"
+    assert all("[timed on a device shared with another worker]" in r for r in rows(toy)), rows(toy)
+    assert "batch of 2: iterations 1-2" in done.stdout and "batch of 2: iterations 3-4" in done.stdout
+
+
+def test_a_batch_killed_after_its_first_record_resumes_without_losing_or_repeating_one(toy: Path):
+    log = toy.parent / "stderr.txt"
+    with open(log, "w") as stderr:
+        process = subprocess.Popen(agent_command("run", "--task", TASK, "--iters", "3", "--panel", "smoke",
+                                                 "--backend", "offline", "--workers", "2", "--plain"),
+                                   cwd=toy, env=agent_env(KLOOP_PAUSE_AT="committed"), stdout=subprocess.DEVNULL,
+                                   stderr=stderr)
+    deadline = time.monotonic() + 180
+    try:
+        while "paused at committed" not in log.read_text():
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+    finally:
+        process.kill()
+        process.wait()
+    assert [e["iteration"] for e in entries(toy)] == [1], "killed after the batch's first record"
+    (state,) = runs(toy)
+    done = run_agent(toy, "run", "--resume", state["run_id"], "--plain")
+    assert done.returncode == 0, done.stderr
+    found = assert_one_record_per_attempt(toy, 3)
+    assert "recovered v1 (iteration 1)" in done.stdout  # recorded and committed, then killed before the state
+    assert [e["batch"] for e in found] == [[1, 2], [2, 3], [2, 3]], "the unrecorded member was proposed again"
+
+
+def sleeper(gpu_log: Path):
+    """An evaluator stand-in: a real subprocess under the worker's environment that records CUDA_VISIBLE_DEVICES and
+    when it ran."""
+    class Sleeper:
+        def __init__(self, task, panel, cuda, work_dir, timeout_s=None, gpu=""):
+            self.gpu = gpu
+
+        def evaluate(self, candidate, *args):
+            if candidate.name == "raises":
+                raise OSError("no space left on device")
+            seconds = 8 if candidate.name == "hangs" else 1
+            code = ("import os, sys, time; t = time.time(); time.sleep(float(sys.argv[1])); "
+                    "print(os.environ.get('CUDA_VISIBLE_DEVICES', '-'), t, time.time())")
+            out = run_command([sys.executable, "-c", code, str(seconds)], gpu_log, 60,
+                              python_env(gpu_log, True, self.gpu))["output"].split()
+            return {"gpu_seen": out[0], "start": float(out[1]), "end": float(out[2]), "keep": False}
+    return Sleeper
+
+
+def test_local_workers_are_pinned_side_by_side_and_a_failing_or_hung_one_costs_its_attempt(tmp_path, monkeypatch):
+    monkeypatch.setattr(pool, "Evaluator", sleeper(tmp_path))
+    monkeypatch.setattr(pool, "GRACE_S", 4.0)
+    task = types.SimpleNamespace(eval_timeout_s=1.0, stages=())
+    slots = pool.make_slots(["3", "5", "5", "7"])
+    assert [s.shared for s in slots] == [False, True, True, False]
+    workers = pool.LocalPool(task, "smoke", True, tmp_path, slots)
+    jobs = [pool.Job(i, f"j{i}", tmp_path / name, tmp_path, False, None, None)
+            for i, name in enumerate(("a", "b", "raises", "hangs"))]
+    started = time.monotonic()
+    first, second, raised, hung = workers.evaluate(jobs, 1.0, False)
+    assert time.monotonic() - started < 20, "a hung worker held the batch past its limit"
+    assert (first["gpu_seen"], second["gpu_seen"]) == ("3", "5")
+    assert first["start"] < second["end"] and second["start"] < first["end"], "the workers ran one after another"
+    for verdict, why in ((raised, "the worker failed: OSError: no space left on device"),
+                         (hung, "no verdict within")):
+        assert not verdict["valid"] and not verdict["keep"] and verdict["failed_stage"] == "worker"
+        assert why in verdict["stages"][0]["note"], verdict
+
+
+def verdict(speedup: float, keep: bool) -> dict:
+    return {"keep": keep, "valid": True, "gpu_timing": True, "speedup_over_best": speedup, "noise": 0.01, "stages": []}
+
+
+def retimed(speedup: float):
+    report = {"score": speedup, "cases": [{"speedup": speedup, "spread": 0.01}]}
+    return Stage("versus_best_alone", True, 0, 1.0, "ok", report)
+
+
+@pytest.mark.parametrize("again, kept", [(1.08, True), (1.005, False)])
+def test_a_batch_keeps_its_fastest_keeper_only_after_timing_it_again_alone(again, kept):
+    calls = []
+    run = types.SimpleNamespace(state=types.SimpleNamespace(eval_limit_s=None), pool=types.SimpleNamespace(
+        retime=lambda job, slot, limit: calls.append(job.iteration) or retimed(again)))
+    jobs = [types.SimpleNamespace(iteration=i) for i in (5, 6, 7)]
+    verdicts = [verdict(1.05, True), verdict(1.10, True), verdict(0.97, False)]
+    batch.choose(run, jobs, verdicts, [pool.Slot("0", False)] * 3)
+    assert calls == [6], "only the fastest keeper is timed again"
+    assert verdicts[1]["keep"] is kept and not verdicts[0]["keep"] and not verdicts[2]["keep"]
+    assert "iteration 6 was faster against the best (1.100x against 1.050x)" in verdicts[0]["batch_note"]
+    assert verdicts[1]["stages"][-1]["name"] == "versus_best_alone"
+    if kept:
+        assert verdicts[1]["speedup_over_best"] == pytest.approx(again) and verdicts[1]["retimed_alone"]
+    else:
+        assert "timed again alone against the best: 1.005x best" in verdicts[1]["batch_note"]
+    from agent.loop import decision
+    assert decision(verdicts[0]).startswith("revert (batch: iteration 6 was faster")
+    assert decision(verdicts[1]).startswith("keep (1.080x best, noise 0.010, timed again alone)" if kept
+                                            else "revert (batch: timed again alone")
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--gpus", "0,x"], "--gpus 0,x: expected all or comma-separated CUDA device ids"),
+    (["--gpus", ""], "expected all or comma-separated"),
+    (["--workers", "0"], "must be at least 1"),
+    (["--cluster", "tcp://127.0.0.1:1", "--gpus", "0"], "a cluster's workers are pinned where they start"),
+])
+def test_bad_worker_flags_are_refused_before_anything_is_written(toy: Path, args, said):
+    done = subprocess.run(agent_command("run", "--task", TASK, "--iters", "2", "--panel", "smoke", "--backend",
+                                        "offline", *args), cwd=toy, env=agent_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+    assert not entries(toy) and not runs(toy)
+
+
+def test_resolving_workers_pins_each_gpu_once_and_shares_them_past_that(monkeypatch):
+    from agent.__main__ import Refused, resolve_workers
+    assert resolve_workers("0,1", None, None) == ["0", "1"]
+    assert resolve_workers("2", None, None) == ["2"]  # one worker pinned: a plain run on GPU 2
+    assert resolve_workers("0,1", 3, None) == ["0", "1", "0"]
+    assert resolve_workers(None, 2, None) == ["", ""] and resolve_workers(None, 1, None) == []
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(Refused, match="nvidia-smi lists no GPU here"):
+        resolve_workers("all", None, None)
+
+
+@pytest.fixture
+def cluster():
+    distributed = pytest.importorskip("distributed", reason="make setup installs distributed (the cluster extra)")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as found:
+        yield found
+
+
+def test_a_dask_cluster_evaluates_a_batch_and_a_failing_worker_costs_its_attempt(toy: Path, cluster, monkeypatch):
+    done = run_agent(toy, "run", "--task", TASK, "--iters", "2", "--panel", "smoke", "--backend", "offline",
+                     "--cluster", cluster.scheduler_address, "--plain")
+    assert done.returncode == 0, done.stderr
+    found = assert_one_record_per_attempt(toy, 2)
+    assert [e["batch"] for e in found] == [[1, 2], [1, 2]], "the cluster's two workers took one batch"
+    assert all(e["worker"]["host"] and not e["worker"]["shared"] for e in found), found
+    assert all(e["verdict"]["correct"] for e in found), "evaluated on the cluster's workers"
+    # a task the worker's checkout lacks: its attempt fails with the worker's error, the other job is evaluated
+    from agent.config import Task
+    task = Task.load(toy, TASK)
+    workers = pool.DaskPool(task, "smoke", False, toy.parent / "attempts", [pool.Slot("", False)] * 2,
+                            cluster.scheduler_address)
+    try:
+        best = toy / TASK / "main"
+        jobs = [pool.Job(1, "good", best, best, True, None, None), pool.Job(2, "bad", best, best, True, None, None)]
+        broken = workers._payload(jobs[1], "evaluate", None)
+        monkeypatch.setattr(workers, "_payload", lambda job, mode, limit, full=False: broken if job.name == "bad"
+                            else pool.DaskPool._payload(workers, job, mode, limit, full))
+        broken["task"] = "no-such-task"
+        good, bad = workers.evaluate(jobs, None, False)
+    finally:
+        workers.close()
+    assert good["correct"] and good["worker_host"]
+    assert bad["failed_stage"] == "worker" and "TaskError: no task 'no-such-task'" in bad["stages"][0]["note"]
+    assert (toy.parent / "attempts" / "good" / "selfcheck.json").is_file(), "the worker's reports came back"
