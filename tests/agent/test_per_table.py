@@ -193,3 +193,22 @@ def test_an_unknown_strategy_is_refused_with_the_known_ones():
                                             r"'greedy'"):
         read_space(SOURCE.replace('"strategy": "per-table"', '"strategy": "greedy"'), range_keys(FACTS["tier_dims"]))
     assert read_space(SOURCE, range_keys(FACTS["tier_dims"])).strategy == "per-table"
+
+
+def test_a_batch_member_takes_each_tables_next_move_past_the_pending_ones(tools):  # noqa: F811
+    """In a parallel run's batch the members proposed before, not yet recorded (``IterationContext.pending``), count
+    as tried: the next member is a different step, each table at its next untried neighbour."""
+    tools.task = replace(tools.task, **FACTS)
+    start = {"a": 1.0, "b": 0.8, "c": 1.2}
+    record(tools, "v1", "v0", SOURCE, "start", "keep")
+    first, _ = propose(tools, SOURCE, start)
+    tools.candidate.joinpath("solution.py").write_text(SOURCE)
+    from agent.ledger import identity
+    with pytest.raises(Submitted) as submitted:
+        OfflineProposer().iterate(IterationContext(2, {}, profile(start), None, iters=20, best="v1",
+                                                   pending=[identity({"solution.py": first.encode()})],
+                                                   pending_sources=[first]), tools)
+    second = tools.candidate.joinpath("solution.py").read_text()
+    assert [e["BLOCK"] for e in entries(first, tools.task)] == [64, 64, 64]
+    assert second != first and submitted.value.summary.startswith("per-table step: 3 table(s): TIERS[0] BLOCK 32->16")
+    assert [e["BLOCK"] for e in entries(second, tools.task)] == [16, 16, 16]
