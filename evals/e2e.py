@@ -219,7 +219,7 @@ def timed(row: Row, model: Model, stepper: Stepper, batch: int, steps: int) -> N
     row.tpot_ms = elapsed_ms(stepper.run, steps)
     row.tokens_per_s = batch * 1e3 / row.tpot_ms
     row.gbps = row.weight_gb / (row.tpot_ms / 1e3)
-    linears = graph_timing._Graph(linear_calls(model, batch), [()], "linear layers")
+    linears = graph_timing.Graph(linear_calls(model, batch), [()], "linear layers")
     for _ in range(3):
         linears.run()
     row.linear_ms = elapsed_ms(linears.run, LINEAR_REPLAYS)

@@ -372,7 +372,7 @@ class Stepper:
 
     def __init__(self, model: Model, state: State, graphs: bool) -> None:
         step = functools.partial(decode_step, model, state)
-        self.graph = graph_timing._Graph(step, [()], "decode step") if graphs else None
+        self.graph = graph_timing.Graph(step, [()], "decode step") if graphs else None
         state.reset()
         self.run = self.graph.run if graphs else step
 

@@ -143,7 +143,7 @@ class _Eager:
         return self.run()
 
 
-class _Graph:
+class Graph:
     """A regime's calls captured in one CUDA graph; its static outputs are the captured calls' outputs."""
 
     graphs = True
@@ -184,7 +184,7 @@ def replay_us(fn: Callable, inputs: tuple, flush: torch.Tensor | None, replays: 
     """Median GPU time of one call on ``inputs`` replayed from a CUDA graph, timed as the pairs are (the spin keeps
     the host's launch out of the timed region); with ``flush`` (FLUSH_BYTES), the L2 is evicted before each replay.
     The bench, profile and sweep time a callable alone this way."""
-    runner = _Graph(fn, [inputs], "callable")
+    runner = Graph(fn, [inputs], "callable")
     return kh.median([runner.timed(flush) for _ in range(replays)])
 
 
@@ -197,7 +197,7 @@ class Subject:
         self.name, self.inputs, self.plan = name, inputs, plan
         hot = [inputs[i % len(inputs)] for i in range(plan.hot_calls)]
         self.graphs = _on_cuda(inputs)
-        kind = (lambda calls: _Graph(fn, calls, name)) if self.graphs else (lambda calls: _Eager(fn, calls))
+        kind = (lambda calls: Graph(fn, calls, name)) if self.graphs else (lambda calls: _Eager(fn, calls))
         self.regimes = {"hot": kind(hot), "flushed": kind([inputs[0]])}
         self.calls = WARMUP_CALLS * 2 if self.graphs else 0  # calls made so far (a capture runs none)
 
