@@ -59,12 +59,12 @@ def step(run) -> None:
                      + ", ".join(worker_label(slot, len(jobs) > 1) for slot in run.pool.slots[:len(jobs)]))
     started = time.monotonic()
     verdicts = run.pool.evaluate(jobs, run.state.eval_limit_s, run.config.full_check)
-    eval_s = time.monotonic() - started
     slots = run.pool.slots[:len(jobs)]
     for verdict, slot in zip(verdicts, slots):
         verdict["worker"] = {"gpu": verdict.pop("worker_gpu", slot.gpu), "host": verdict.pop("worker_host", None),
                              "shared": slot.shared and len(jobs) > 1}
     choose(run, jobs, verdicts, slots)
+    eval_s = time.monotonic() - started  # the batch's evaluations side by side, and the keeper's second timing
     for proposal, job, verdict in zip(proposals, jobs, verdicts):
         replace_solution(run.tools.candidate, proposal.snapshot)
         own_s = sum(stage.get("seconds") or 0.0 for stage in verdict["stages"])  # its worker's time, not the batch's

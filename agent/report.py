@@ -155,6 +155,23 @@ def _kind(entry: dict) -> str:
     return "reverted" if entry["verdict"].get("valid") else "failed"
 
 
+def wall_rows(state, entries: list[dict]) -> list[list[str]]:
+    """The run's wall time (proposing and evaluating, attempt after attempt); a parallel run's batches count once
+    each (their proposals, then their evaluations side by side), beside the workers' summed time and the pace."""
+    batches = {tuple(e["batch"]): e for e in entries if e.get("batch")}
+    if not batches:
+        return [["wall time", f"{state.wall_s / 60:.1f} min"]]
+    elapsed = sum(e["wall_s"] for e in entries if not e.get("batch"))
+    for span, last in batches.items():
+        members = [e for e in entries if tuple(e.get("batch") or ()) == span]
+        elapsed += sum(e["propose_s"] for e in members) + last.get("batch_eval_s", 0.0)
+    workers = len(state.config.get("workers") or []) or "-"
+    pace = f"{60 * len(entries) / elapsed:.1f}" if elapsed else "-"
+    return [["wall time", f"{elapsed / 60:.1f} min ({workers} workers side by side; "
+                          f"{state.wall_s / 60:.1f} min of work summed over them)"],
+            ["attempts per minute", pace]]
+
+
 def sections(task: Task, data: RunData) -> list[tuple[str, object]]:
     """The report as (heading, body) pairs; a body is text or a table (list of rows, the first the header)."""
     s, env = data.state, data.environment
@@ -165,7 +182,7 @@ def sections(task: Task, data: RunData) -> list[tuple[str, object]]:
               ["panel", str(s.config.get("panel"))],
               ["status", f"{s.status}, {s.attempts} of {s.config.get('iters')} attempts"
                          + (f" ({s.stop_reason})" if s.stop_reason else "")],
-              ["tokens / cost", f"{s.tokens} / ${s.cost_usd:.4f}"], ["wall time", f"{s.wall_s / 60:.1f} min"],
+              ["tokens / cost", f"{s.tokens} / ${s.cost_usd:.4f}"], *wall_rows(s, data.entries),
               ["timing", "CUDA events on the GPU" if s.config.get("cuda")
                          else "Triton interpreter wall times on CPU: not GPU timings"]]
     counts = {kind: sum(_kind(e) == kind for e in data.entries) for kind in ("kept", "reverted", "failed")}

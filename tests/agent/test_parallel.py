@@ -74,6 +74,13 @@ def test_two_workers_record_every_attempt_once_in_batches_of_two(toy: Path):
     assert all(r.split(" | ")[4] == "v0" for r in rows(toy)), "every member's parent is the best it came from"
     assert all("[timed on a device shared with another worker]" in r for r in rows(toy)), rows(toy)
     assert "batch of 2: iterations 1-2" in done.stdout and "batch of 2: iterations 3-4" in done.stdout
+    # the report's wall time counts each batch once (its evaluations side by side), beside the workers' summed time
+    (state,) = runs(toy)
+    report = (toy / "reports" / state["run_id"] / "report.md").read_text()
+    assert "2 workers side by side" in report and "attempts per minute" in report, report[:2000]
+    batch_s = sum(e["propose_s"] for e in found) + found[1]["batch_eval_s"] + found[3]["batch_eval_s"]
+    assert f"| wall time | {batch_s / 60:.1f} min" in report
+    assert all(e["eval_s"] <= e["batch_eval_s"] + 0.01 for e in found)
 
 
 def test_a_batch_killed_after_its_first_record_resumes_without_losing_or_repeating_one(toy: Path):
