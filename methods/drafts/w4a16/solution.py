@@ -18,6 +18,8 @@ How (kernels.py, ws.py, pack.py, launch.py):
 - Split-K: the splits add fp32 partials into a kept (M, N) accumulator and count themselves in per tile; the last
   applies the epilogue and leaves accumulator and counter at zero. One launch per call.
 - Plans predicted at WS_MIN_US or more run the warp-specialized loop (ws.py) on Hopper, the split-K kernel elsewhere.
+- A plan the device-bound floor holds back (a call faster than its host could issue it) runs a stream-K grid sized
+  so that its predicted GPU time lands on the floor (FLOOR_GRID), on the default loop.
 - The host path (launch.py): per M the plan and a launcher of the compiled kernel are made once; a call checks its
   arguments with a few attribute reads (the full checks only where those fail), allocates the output and launches
   with bare addresses.
@@ -62,8 +64,8 @@ def device_bound_split(M, K, N, tiles, split_k, target_us):
 def device_bound_programs(M, K, N, most, target_us):
     """The most programs, up to ``most``, whose predicted GPU time is at least ``target_us`` (1 if none): the
     continuous count that whole splits approximate from above (a split fewer can double the time)."""
-    bytes_moved = predicted_us(M, K, N, 1) - MODEL_FIXED_US  # us at one program's rate
-    programs = int(bytes_moved // (target_us - MODEL_FIXED_US)) if target_us > MODEL_FIXED_US else most
+    one_program_us = predicted_us(M, K, N, 1) - MODEL_FIXED_US  # the bytes at one program's rate
+    programs = int(one_program_us // (target_us - MODEL_FIXED_US)) if target_us > MODEL_FIXED_US else most
     programs = max(1, min(most, programs))
     while programs > 1 and predicted_us(M, K, N, programs) < target_us:  # rounding at the boundary
         programs -= 1
@@ -87,7 +89,8 @@ def get_config():
     # DEVICE_BOUND_US (0: off): the least GPU time per call a free split may predict (device_bound_split).
     # FLOOR_GRID 1: where that floor cuts a free split, a stream-K grid of the most programs it allows
     # (device_bound_programs) lands the plan on the floor, not up to twice over it at the next whole split; 0: the
-    # whole split.
+    # whole split. Such a plan keeps DEQUANT and MAXNREG: the leaner loop ran one-split expert-batch plans 0.91-0.95x
+    # as fast as the default one under the verifier's schedule (h200-verifier-regime).
     # LEAN_MIN_US (0: never): the least predicted time of a GRID 0 plan that runs LEAN_DEQUANT under LEAN_MAXNREG
     # (h200-lean-loop); a tier or call that sets DEQUANT or MAXNREG keeps its own loop.
     # WS_MIN_US (0: never): the least predicted time of a GRID 0 plan that runs the warp-specialized loop of ws.py on
@@ -167,7 +170,7 @@ SEARCH_SPACE = {
                             "reason": "a higher floor takes fewer split-K programs where a call would be faster than "
                                       "its host can issue it: slower, but steady group times"},
     },
-    # GRID 1 (stream-K: 0.96-1.04x the split-K grid, h200-w4a16-family) stays for plan() and tests, not the search
+    # GRID 1 (stream-K: 0.96-1.04x the split-K grid, h200-w4a16-family) is not searched: FLOOR_GRID plans take it
     "only_when": {"MIN_PROGRAMS": [{"SPLIT_K": [0]}], "DEVICE_BOUND_US": [{"SPLIT_K": [0]}],
                   "FLOOR_GRID": [{"SPLIT_K": [0]}],
                   "WS_MAX_PROGRAMS": [{"SPLIT_K": [0]}],
