@@ -1,8 +1,7 @@
 """The W4A16 family (methods/drafts/w4a16 while it exists, which is only while it differs from main; else
-methods/main): the oracle on the
-smoke panel and odd shapes, each tuning knob, forced and clamped split-K, stream-K, the kept accumulator over repeated
-calls, fresh outputs, untouched inputs, odd layouts and clear errors; the CPU interpreter runs the pure-Triton dequant
-(tests/conftest.py chooses the device)."""
+methods/main): the oracle on the smoke panel and odd shapes, each tuning knob, forced and clamped split-K, stream-K,
+the kept accumulator over repeated calls, fresh outputs, untouched inputs, odd layouts and clear errors; the CPU
+interpreter runs the pure-Triton dequant (tests/conftest.py chooses the device)."""
 import ast
 import gc
 import json
