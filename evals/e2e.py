@@ -254,20 +254,21 @@ def run_backend(backend: Backend, weights: Weights, tokens: torch.Tensor, refs: 
         before = allocated()
         model = build_model(weights, load_linear(backend, modules), backend.dtype)
         resident = (allocated() - before) / 1e9 if graphs else None
+        weight_gb = stored_bytes(backend.kind, options.config) / 1e9
+        rows = []
+        for batch in options.batches:
+            rows.append(run_batch(model, backend, batch, tokens, refs, options, graphs, weight_gb, resident))
+            release()
+        del model
+        return rows
     except Unservable as exc:
         return [Row(backend.name, None, dtype, note=str(exc))]
     except Exception as exc:
         return [Row(backend.name, None, dtype, error=error_line(exc, 240))]
-    weight_gb = stored_bytes(backend.kind, options.config) / 1e9
-    rows = []
-    for batch in options.batches:
-        rows.append(run_batch(model, backend, batch, tokens, refs, options, graphs, weight_gb, resident))
+    finally:
+        for module in modules:
+            unload_solution(module)
         release()
-    del model
-    for module in modules:
-        unload_solution(module)
-    release()
-    return rows
 
 
 def run(options: Options, log=print) -> dict:

@@ -72,8 +72,9 @@ CONFIGS = {
 }
 
 
+@functools.cache
 def w4a16_adapter():
-    """The W4A16 task's adapter: its encoding (pack_int4, unpack_int4, dequantize) is the store's."""
+    """The W4A16 task's adapter (loaded once): its encoding (pack_int4, unpack_int4, dequantize) is the store's."""
     return tasks.load("w4a16").adapter
 
 
