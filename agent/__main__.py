@@ -128,24 +128,42 @@ def start_point(task: Task, start: str) -> Path:
     return task.versions / start
 
 
-def resolve_workers(gpus: str | None, workers: int | None, cluster: str | None) -> list[str]:
+def cluster_workers(address: str, cuda: bool) -> int:
+    """How many workers the Dask cluster at ``address`` has, each checked to be of this host's kind (a GPU run's with
+    a CUDA GPU and a GPU resource to claim, a CPU run's without a GPU); Refused otherwise."""
+    from agent.pool import connect, worker_facts
+
+    try:
+        client = connect(address)
+    except ConnectionError as exc:
+        raise Refused(str(exc)) from None
+    try:
+        workers = client.scheduler_info().get("workers", {})
+        if not workers:
+            raise Refused(f"the Dask cluster at {address} has no workers yet: start them (one per GPU), then run")
+        facts = client.run(worker_facts)
+    finally:
+        client.close()
+    kind = "a CUDA GPU" if cuda else "no GPU (this host has none: its run is a CPU run)"
+    odd = sorted(name for name, fact in facts.items() if fact["cuda"] != cuda)
+    if odd:
+        raise Refused(f"the cluster's workers must be of this host's kind, {kind}; {', '.join(odd)} differ: run the "
+                      "agent on a host like its workers")
+    bare = sorted(name for name, info in workers.items() if cuda and not (info.get("resources") or {}).get("GPU"))
+    if bare:
+        raise Refused(f"worker(s) {', '.join(bare)} offer no GPU resource, so no GPU job would ever start there: "
+                      "start each as CUDA_VISIBLE_DEVICES=i dask worker ADDRESS --nthreads 1 --resources GPU=1")
+    return len(workers)
+
+
+def resolve_workers(gpus: str | None, workers: int | None, cluster: str | None, cuda: bool = False) -> list[str]:
     """A parallel run's workers, each the GPU it is pinned to ("" for the environment's own); [] for a plain run.
     With --cluster the workers are the cluster's, pinned where they were started: --gpus is refused there."""
     if cluster:
         if gpus:
             raise Refused("--gpus pins local workers; a cluster's workers are pinned where they start "
                           "(CUDA_VISIBLE_DEVICES=i dask worker ADDRESS --resources GPU=1): leave --gpus out")
-        from agent.pool import connect
-
-        try:
-            client = connect(cluster)
-        except ConnectionError as exc:
-            raise Refused(str(exc)) from None
-        found = len(client.scheduler_info().get("workers", {}))
-        client.close()
-        if not found and not workers:
-            raise Refused(f"the Dask cluster at {cluster} has no workers yet: start them, or give --workers N")
-        return [""] * (workers or found)
+        return [""] * (workers or cluster_workers(cluster, cuda))
     ids = all_gpus() if gpus == "all" else [g.strip() for g in gpus.split(",")] if gpus else []
     bad = [g for g in ids if not re.fullmatch(r"\d+|(GPU|MIG)-[\w-]+", g)]
     if bad or (gpus is not None and not ids):
@@ -159,8 +177,8 @@ def resolve_workers(gpus: str | None, workers: int | None, cluster: str | None) 
 
 def all_gpus() -> list[str]:
     """The ids of the GPUs nvidia-smi lists; Refused where there are none."""
-    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True) if shutil.which("nvidia-smi") \
-        else None
+    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60) \
+        if shutil.which("nvidia-smi") else None
     ids = [str(i) for i, line in enumerate((listed.stdout if listed and not listed.returncode else "").splitlines())
            if line.startswith("GPU ")]
     if not ids:
@@ -199,7 +217,7 @@ def planned_run(task: Task, args: argparse.Namespace) -> tuple[RunConfig, Path]:
     panel, note = resolve_panel(args.panel, cuda)
     check_panel(task, panel, cuda)
     cluster = getattr(args, "cluster", None)
-    workers = resolve_workers(getattr(args, "gpus", None), getattr(args, "workers", None), cluster)
+    workers = resolve_workers(getattr(args, "gpus", None), getattr(args, "workers", None), cluster, cuda)
     config = RunConfig(iters=args.iters, backend=resolve_backend(args.backend), model=args.model or "", panel=panel,
                        start_from=args.start_from, time_limit_min=args.time_limit, cost_limit_usd=args.cost_limit,
                        script=str(Path(args.script).resolve()) if args.script else None, cuda=cuda,
@@ -317,7 +335,7 @@ def run_session(args: argparse.Namespace) -> RunState:
     run.display.line(f"run {state.run_id}: backend {proposer.label}, panel {Path(config.panel).name}, "
                      f"{'GPU' if config.cuda else 'CPU (interpreter; timings are not GPU timings)'}, "
                      f"worktree {workspace.path.relative_to(ROOT)}, branch {workspace.branch}")
-    if fresh:
+    if fresh or not (workspace.state_dir / "start_selfcheck.json").is_file():  # a run stopped before it measured
         measure_start(run)
     try:
         run.run()

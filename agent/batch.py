@@ -3,10 +3,11 @@ each: agent/pool.py), then recorded in order exactly as a plain run records one 
 commit), keeping at most one.
 
 Each verdict compares its candidate with the best timed in the same process on its worker's GPU, so a ratio never
-mixes GPUs. Of the batch's would-be keepers the one with the largest ratio is timed against the best once more, alone
-(no other worker running), and kept only if that comparison keeps it too; the others are reverted, and their rows say
-which attempt was faster. Timings taken beside another worker on the same GPU are marked shared in the verdict, the
-index line and the row's decision.
+mixes GPUs. Of the batch's would-be keepers the one with the largest ratio is evaluated again, whole, alone (no other
+worker running) on its worker's GPU, and kept only if that verdict keeps it: its selfcheck, its comparison with the
+best and its qualification are then the run's reference, as a plain run's are. The others are reverted, and their
+rows say which attempt was faster. Timings taken beside another worker on the same GPU are marked shared in the
+verdict, the index line and the row's decision.
 
 A kill at any instant loses nothing recorded: a recorded member is finished by ``Run.recover``; an unrecorded one is
 proposed again.
@@ -15,19 +16,19 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from agent import ledger
-from agent.loop import Attempt, eval_name
-from agent.evaluate import compare
 from agent.exceptions import EndpointUnavailable, LimitsExceeded, ProposerError, Submitted
+from agent.loop import Attempt, decision, eval_name, same_files
 from agent.pool import Job, Slot
 from agent.proposers import Usage
 from agent.workspace import replace_solution
 
 REPROPOSALS = 2
-"""A proposer that repeats a candidate already in the batch is asked again, up to this many times per member."""
+"""A proposer that repeats the best or a candidate already in the batch is asked again: the batch asks at most
+(1 + REPROPOSALS) times its size in all."""
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Proposal:
 def step(run) -> None:
     """One batch: propose, evaluate side by side, choose, record in order."""
     run.check_limits()
+    run.pool.check()
     first = run.state.attempts + 1
     size = min(len(run.pool.slots), run.config.iters - run.state.attempts)
     parent = (run.state.best_label, run.best_dir)
@@ -55,16 +57,16 @@ def step(run) -> None:
     proposals = propose(run, first, size, folder)
     jobs = [Job(p.iteration, eval_name(p.iteration), p.snapshot, parent[1], run.state.best_is_baseline,
                 run.state.best_score, run.best_profile()) for p in proposals]
+    slots = batch_slots(run.pool.slots[:len(jobs)])
     run.display.line(f"batch of {len(jobs)}: iterations {first}-{first + len(jobs) - 1} on "
-                     + ", ".join(worker_label(slot, len(jobs) > 1) for slot in run.pool.slots[:len(jobs)]))
+                     + ", ".join(worker_label(slot) for slot in slots))
     started = time.monotonic()
-    verdicts = run.pool.evaluate(jobs, run.state.eval_limit_s, run.config.full_check)
-    slots = run.pool.slots[:len(jobs)]
+    verdicts = run.pool.evaluate(jobs, run.state.eval_limit_s, run.config.full_check, slots)
     for verdict, slot in zip(verdicts, slots):
         verdict["worker"] = {"gpu": verdict.pop("worker_gpu", slot.gpu), "host": verdict.pop("worker_host", None),
-                             "shared": slot.shared and len(jobs) > 1}
-    choose(run, jobs, verdicts, slots)
-    eval_s = time.monotonic() - started  # the batch's evaluations side by side, and the keeper's second timing
+                             "shared": slot.shared}
+    jobs = choose(run, jobs, verdicts, slots)
+    eval_s = time.monotonic() - started  # the batch's evaluations side by side, and its keeper's evaluation alone
     for proposal, job, verdict in zip(proposals, jobs, verdicts):
         replace_solution(run.tools.candidate, proposal.snapshot)
         own_s = sum(stage.get("seconds") or 0.0 for stage in verdict["stages"])  # its worker's time, not the batch's
@@ -76,20 +78,27 @@ def step(run) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+def batch_slots(slots: list[Slot]) -> list[Slot]:
+    """The batch's slots, each shared only where another of them has the same GPU."""
+    gpus = [slot.gpu for slot in slots]
+    return [Slot(slot.gpu, slot.shared and gpus.count(slot.gpu) > 1) for slot in slots]
+
+
 def propose(run, first: int, size: int, folder: Path) -> list[Proposal]:
     """Up to ``size`` candidates, each from the best and distinct from the best and from each other; the proposer
     knows the earlier ones (``IterationContext.pending``). Fewer when the proposer runs out of moves; none raises
-    what a plain step raises (LimitsExceeded, EndpointUnavailable)."""
+    what a plain step raises (LimitsExceeded, EndpointUnavailable). A repeated proposal's tokens and time go with
+    the next member."""
     proposals: list[Proposal] = []
-    seen = {ledger.identity(files_of(run.best_dir))}
-    asked = 0
+    seen = {ledger.solution_sha256(run.best_dir)}
+    asked, carried, carried_s = 0, Usage(), 0.0
     while len(proposals) < size and asked < size * (1 + REPROPOSALS):
         asked += 1
         iteration = first + len(proposals)
-        context = run.context(iteration)
-        context.pending = [p.identity for p in proposals]
-        context.pending_sources = [(p.snapshot / "solution.py").read_text() for p in proposals
-                                   if (p.snapshot / "solution.py").is_file()]
+        sources = [(p.snapshot / "solution.py").read_text() for p in proposals
+                   if (p.snapshot / "solution.py").is_file()]
+        context = run.context(iteration, [p.summary for p in proposals])
+        context.pending, context.pending_sources = [p.identity for p in proposals], sources
         started = time.monotonic()
         try:
             run.proposer.iterate(context, run.tools)
@@ -101,7 +110,7 @@ def propose(run, first: int, size: int, folder: Path) -> list[Proposal]:
                 break
             raise
         except ProposerError as exc:
-            if same_files_as(run.tools.candidate, run.best_dir):
+            if same_files(run.tools.candidate, run.best_dir):
                 if proposals:
                     break
                 raise EndpointUnavailable(f"the proposer produced no candidate: {exc}") from exc
@@ -110,29 +119,35 @@ def propose(run, first: int, size: int, folder: Path) -> list[Proposal]:
             run.state.tokens += context.usage.tokens
             run.state.cost_usd += context.usage.cost_usd
             run.state.save(run.workspace.state_dir)
-        identity = ledger.identity(files_of(run.tools.candidate))
+        usage = Usage(carried.prompt_tokens + context.usage.prompt_tokens,
+                      carried.completion_tokens + context.usage.completion_tokens,
+                      carried.cost_usd + context.usage.cost_usd)
+        spent_s = carried_s + time.monotonic() - started
+        identity = ledger.solution_sha256(run.tools.candidate)
         if identity in seen:
             run.display.line(f"batch: the proposal for iteration {iteration} repeats the best or an earlier member: "
                              "asked again")
             replace_solution(run.tools.candidate, run.best_dir)
+            carried, carried_s = usage, spent_s
             continue
         seen.add(identity)
         snapshot = folder / f"{iteration:03d}"
         replace_solution(snapshot, run.tools.candidate)
         replace_solution(run.tools.candidate, run.best_dir)
-        proposals.append(Proposal(iteration, summary, hypothesis, context.usage, time.monotonic() - started,
-                                  snapshot, identity))
+        proposals.append(Proposal(iteration, summary, hypothesis, usage, spent_s, snapshot, identity))
+        carried, carried_s = Usage(), 0.0
     if not proposals:
         raise LimitsExceeded("the proposer repeated the best or its own candidates "
                              f"{asked} times in a row: nothing new to evaluate")
     return proposals
 
 
-def choose(run, jobs: list[Job], verdicts: list[dict], slots: list[Slot]) -> None:
-    """Keep at most one: the would-be keeper with the largest ratio to the best, once timed again alone."""
+def choose(run, jobs: list[Job], verdicts: list[dict], slots: list[Slot]) -> list[Job]:
+    """Keep at most one: the would-be keeper with the largest ratio to the best, once evaluated again alone (its
+    verdict then stands for the attempt, its folder the job's). The jobs, with that one's folder."""
     keepers = [i for i, verdict in enumerate(verdicts) if verdict["keep"]]
     if not keepers:
-        return
+        return jobs
     winner = max(keepers, key=lambda i: verdicts[i]["speedup_over_best"] or 0.0)
     top = verdicts[winner]
     for i in keepers:
@@ -142,27 +157,27 @@ def choose(run, jobs: list[Job], verdicts: list[dict], slots: list[Slot]) -> Non
                                          f"({top['speedup_over_best']:.3f}x against "
                                          f"{verdicts[i]['speedup_over_best']:.3f}x)")
     if len(jobs) == 1:
-        return
-    stage = run.pool.retime(jobs[winner], slots[winner], run.state.eval_limit_s)
-    again = compare(stage.report) if stage.ok else {"keep": False, "speedup_over_best": None, "noise": None}
-    top["stages"].append(stage.summary())
-    if again["keep"]:
-        top.update(speedup_over_best=again["speedup_over_best"], noise=again["noise"], retimed_alone=True)
-        return
+        return jobs
+    alone_job = replace(jobs[winner], name=jobs[winner].name + "-alone")
+    alone = run.pool.evaluate_alone(alone_job, slots[winner], run.state.eval_limit_s, run.config.full_check)
+    alone["worker"] = {"gpu": alone.pop("worker_gpu", slots[winner].gpu), "host": alone.pop("worker_host", None),
+                       "shared": False}
+    if alone["keep"]:
+        verdicts[winner] = alone | {"evaluated_alone": True, "beside_others": summary_of(top)}
+        return [alone_job if i == winner else job for i, job in enumerate(jobs)]
     top["keep"] = False
-    measured = (f"{again['speedup_over_best']:.3f}x best, noise {again['noise']:.3f}"
-                if again["speedup_over_best"] is not None else stage.note)
-    top["batch_note"] = f"timed again alone against the best: {measured}"
+    top["batch_note"] = f"evaluated again alone: {decision(alone)}"
+    top["stages"].append({"name": "alone", "ok": alone["valid"], "returncode": None,
+                          "seconds": round(sum(s.get("seconds") or 0.0 for s in alone["stages"]), 2),
+                          "note": top["batch_note"], "output": ""})
+    return jobs
 
 
-def worker_label(slot: Slot, beside_others: bool) -> str:
+def summary_of(verdict: dict) -> dict:
+    """What a verdict said beside the other workers, kept in the verdict that replaces it."""
+    return {key: verdict.get(key) for key in ("score", "speedup_over_best", "noise", "stable", "worker")}
+
+
+def worker_label(slot: Slot) -> str:
     where = f"GPU {slot.gpu}" if slot.gpu else "the default device"
-    return where + (" (shared)" if slot.shared and beside_others else "")
-
-
-def files_of(directory: Path) -> dict[str, bytes]:
-    return {path.name: path.read_bytes() for path in ledger.solution_files(directory)}
-
-
-def same_files_as(candidate: Path, best: Path) -> bool:
-    return files_of(candidate) == files_of(best)
+    return where + (" (shared)" if slot.shared else "")

@@ -30,8 +30,9 @@ class Run:
                  display: Display):
         self.task, self.config, self.state, self.workspace, self.proposer = task, config, state, workspace, proposer
         self.display = display
+        # the start's measurement and the proposer's tools run on the first worker's GPU (a cluster's: on this host);
         # one worker pinned to one GPU (--gpus N) is a plain run on that GPU
-        self.gpu = config.workers[0] if len(config.workers) == 1 else ""
+        self.gpu = config.workers[0] if config.workers and not config.cluster else ""
         self.evaluator_tools = Evaluator(task, config.panel, config.cuda, workspace.state_dir / "tools", gpu=self.gpu)
         self.tools = Tools(task, workspace.path, self.evaluator_tools)
         self.stop_reason: str | None = None
@@ -101,7 +102,9 @@ class Run:
             raise LimitsExceeded(f"cost limit ${self.config.cost_limit_usd:g} reached "
                                  f"(${self.state.cost_usd:.4f} spent)")
 
-    def context(self, iteration: int) -> IterationContext:
+    def context(self, iteration: int, pending: list[str] | tuple = ()) -> IterationContext:
+        """The proposer's view of an iteration; ``pending``: the summaries of a batch's members proposed before this
+        one, not yet evaluated (the prompt asks for something else)."""
         profile = self.best_profile()
         last = self.state.last_verdict
         values = dict(spec=(self.task.root / self.task.spec).read_text(), run_id=self.state.run_id, iteration=iteration,
@@ -113,7 +116,9 @@ class Run:
                         ledger_rows="\n".join(ledger.rows(self.task)[-15:]) or "(none yet)",
                         last_verdict=json.dumps(last, indent=1)[:3000] if last else "(none yet)",
                         profile=profile_text(profile) if profile else "(none yet)",
-                        steps_left=getattr(self.proposer, "max_steps", "a few"))
+                        steps_left=getattr(self.proposer, "max_steps", "a few"),
+                        pending="" if not pending else "# Proposed in this batch, not yet evaluated (propose "
+                        "something else)\n\n" + "".join(f"- {summary}\n" for summary in pending) + "\n")
         prompts = {"system": render("system", **self.tools.prompt_values()), "task": render("task", **values),
                    "iteration": render("iteration", **feedback)}
         return IterationContext(iteration, prompts, profile, last, iters=self.config.iters,
@@ -301,7 +306,7 @@ def verdict_decision(verdict: dict) -> str:
                     if estimated else f"; {speedup:.3f}x best, noise {fmt(noise)}")
         return f"revert (no GPU: nothing is kept on interpreter timings, which rank nothing{measured})"
     if verdict["keep"]:
-        again = ", timed again alone" if verdict.get("retimed_alone") else ""
+        again = ", evaluated again alone" if verdict.get("evaluated_alone") else ""
         return f"keep ({speedup:.3f}x best, noise {noise:.3f}{again})"
     if verdict["valid"] and verdict.get("batch_note"):
         return f"revert (batch: {verdict['batch_note']})"

@@ -8,7 +8,8 @@ runs from); start one worker per GPU, pinned, with a resource of one GPU:
     CUDA_VISIBLE_DEVICES=0 dask worker tcp://HOST:8786 --nworkers 1 --nthreads 1 --resources GPU=1
 
 Either way a worker that raises, dies or gives no verdict in time costs its attempt (a failed ``worker`` stage, then
-recorded like any attempt), never the run.
+recorded like any attempt), never the run; a cluster left with no worker stops the run (EndpointUnavailable: resumable
+once it is back), where it would otherwise spend every remaining attempt on failures.
 
 Why Dask rather than Ray: the GPU machines install from carried wheels; dask and distributed with everything they
 need are about 5 MB of wheels, Ray's own wheel over 60 MB for one Python and platform. Dask's scheduler gives what
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +32,8 @@ from pathlib import Path
 from agent import ledger
 from agent.config import Task
 from agent.evaluate import Evaluator, Stage
+from agent.exceptions import EndpointUnavailable
+from agent.runner import kill_running
 
 GRACE_S = 60.0
 """A worker's verdict may take its stages' limits plus this (start-up, the stages' own overheads) before the worker
@@ -61,9 +66,9 @@ class Job:
     best_check: dict | None
 
 
-def failed_verdict(panel: str, cuda: bool, note: str) -> dict:
+def failed_verdict(panel: str, cuda: bool, note: str, seconds: float = 0.0) -> dict:
     """The verdict of an attempt whose worker gave none: not valid, its ``worker`` stage failed with ``note``."""
-    stage = Stage("worker", False, None, 0.0, note, None).summary()
+    stage = Stage("worker", False, None, seconds, note, None).summary()
     return {"stages": [stage], "failed_stage": "worker", "panel": panel, "gpu_timing": cuda, "correct": None,
             "raised": False, "strata": {}, "score": None, "cases": [], "stable": "-", "stability_note": "",
             "unstable": [], "note": f"worker: {note}", "valid": False, "keep": False, "speedup_over_best": None,
@@ -81,34 +86,46 @@ class LocalPool:
     def __init__(self, task: Task, panel: str, cuda: bool, attempts: Path, slots: list[Slot]):
         self.task, self.panel, self.cuda, self.attempts, self.slots = task, panel, cuda, attempts, slots
 
-    def evaluator(self, job: Job, slot: Slot, limit_s: float | None) -> Evaluator:
-        return Evaluator(self.task, self.panel, self.cuda, self.attempts / job.name, limit_s, gpu=slot.gpu)
+    def wait_s(self, limit_s: float | None) -> float:
+        return worker_limit(limit_s or self.task.eval_timeout_s, len(self.task.stages) + 2)
 
-    def evaluate(self, jobs: list[Job], limit_s: float | None, full_check: bool) -> list[dict]:
-        """The verdict of each job, in order, its worker the slot of the same position."""
-        def one(job: Job, slot: Slot) -> dict:
-            return self.evaluator(job, slot, limit_s).evaluate(job.candidate, job.best, job.best_is_baseline,
-                                                               full_check, job.best_score, job.best_check)
-        wait = worker_limit(limit_s or self.task.eval_timeout_s, len(self.task.stages) + 2)
+    def _evaluate(self, job: Job, slot: Slot, limit_s: float | None, full_check: bool) -> dict:
+        evaluator = Evaluator(self.task, self.panel, self.cuda, self.attempts / job.name, limit_s, gpu=slot.gpu)
+        return evaluator.evaluate(job.candidate, job.best, job.best_is_baseline, full_check, job.best_score,
+                                  job.best_check)
+
+    def evaluate(self, jobs: list[Job], limit_s: float | None, full_check: bool,
+                 slots: list[Slot] | None = None) -> list[dict]:
+        """The verdict of each job, in order, on the slot of the same position (``slots``, default the pool's), side
+        by side. An interrupt kills every evaluation's process group before it goes on (runner.kill_running)."""
+        wait = self.wait_s(limit_s)
         pool = ThreadPoolExecutor(max(1, len(jobs)), thread_name_prefix="kloop-worker")
-        futures = [pool.submit(one, job, slot) for job, slot in zip(jobs, self.slots)]
-        verdicts, deadline = [], time.monotonic() + wait
-        for future in futures:
-            verdicts.append(self._result(future, deadline, wait))
-        pool.shutdown(wait=False, cancel_futures=True)  # a hung worker's thread is left; its groups die at its limits
-        return verdicts
-
-    def _result(self, future, deadline: float, wait: float) -> dict:
         try:
-            return future.result(timeout=max(0.0, deadline - time.monotonic()))
-        except FutureTimeout:
-            return failed_verdict(self.panel, self.cuda, f"no verdict within {wait:.0f} s of the batch's start")
-        except Exception as exc:  # a bug or an OS error in the worker: its attempt fails, the batch goes on
-            return failed_verdict(self.panel, self.cuda, f"the worker failed: {type(exc).__name__}: {exc}")
+            futures = [pool.submit(self._evaluate, job, slot, limit_s, full_check)
+                       for job, slot in zip(jobs, slots or self.slots)]
+            started = time.monotonic()
+            return [self._result(future, started, wait) for future in futures]
+        except BaseException:  # Ctrl-C twice, or the agent's own failure: no evaluator outlives the batch
+            kill_running()
+            raise
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)  # a hung worker's thread is left; its groups die at limits
 
-    def retime(self, job: Job, slot: Slot, limit_s: float | None) -> Stage:
-        """The candidate against the best again, with no other worker running: the comparison a keep rests on."""
-        return self.evaluator(job, slot, limit_s).selfcheck(job.candidate, job.best, "versus_best_alone")
+    def _result(self, future, started: float, wait: float) -> dict:
+        try:
+            return future.result(timeout=max(0.0, started + wait - time.monotonic()))
+        except FutureTimeout:
+            return failed_verdict(self.panel, self.cuda, f"no verdict within {wait:.0f} s of the batch's start", wait)
+        except Exception as exc:  # a bug or an OS error in the worker: its attempt fails, the batch goes on
+            return failed_verdict(self.panel, self.cuda, f"the worker failed: {type(exc).__name__}: {exc}",
+                                  time.monotonic() - started)
+
+    def evaluate_alone(self, job: Job, slot: Slot, limit_s: float | None, full_check: bool) -> dict:
+        """The job evaluated again on ``slot`` with no other worker running: the verdict a keep rests on."""
+        return self.evaluate([job], limit_s, full_check, [slot])[0]
+
+    def check(self) -> None:
+        """Raise EndpointUnavailable where the workers cannot take a batch (a cluster that is gone)."""
 
     def close(self) -> None:
         pass
@@ -126,9 +143,8 @@ def _write(directory: Path, files: dict[str, bytes]) -> Path:
 
 
 def remote_evaluate(payload: dict) -> dict:
-    """On a cluster worker: the job's evaluation (``mode`` "evaluate") or its comparison with the best alone
-    ("retime"), by the evaluator of the worker's own checkout, in a temporary folder; the verdict (or the stage) and
-    the evaluator's JSON reports come back."""
+    """On a cluster worker: the job's evaluation by the evaluator of the worker's own checkout, in a temporary
+    folder; the verdict and the evaluator's JSON reports come back."""
     root = Path(os.environ.get("KLOOP_ROOT") or payload["root"])
     folder = root / payload["task"]  # the task's folder relative to the checkout, or a name under tasks/
     task = Task.load(root, str(folder) if (folder / "task.json").is_file() else payload["task"])
@@ -140,15 +156,19 @@ def remote_evaluate(payload: dict) -> dict:
             panel = str(Path(tmp) / "panel.json")
             Path(panel).write_text(payload["panel_text"])
         work = Path(tmp) / "evaluation"
-        evaluator = Evaluator(task, panel, payload["cuda"], work, payload["limit_s"])
-        if payload["mode"] == "retime":
-            result = {"stage": evaluator.selfcheck(candidate, best, "versus_best_alone").__dict__}
-        else:
-            verdict = evaluator.evaluate(candidate, best, payload["best_is_baseline"], payload["full_check"],
-                                         payload["best_score"], payload["best_check"])
-            result = {"verdict": verdict | {"panel": payload["panel"]}}
-        result["reports"] = {path.name: path.read_text() for path in work.glob("*.json")}
-    return result | {"host": socket.gethostname(), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+        verdict = Evaluator(task, panel, payload["cuda"], work, payload["limit_s"]).evaluate(
+            candidate, best, payload["best_is_baseline"], payload["full_check"], payload["best_score"],
+            payload["best_check"])
+        reports = {path.name: path.read_text() for path in work.glob("*.json")}
+    return {"verdict": verdict | {"panel": payload["panel"]}, "reports": reports, "host": socket.gethostname(),
+            "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+
+
+def worker_facts() -> dict:
+    """On a cluster worker: whether it has a CUDA GPU (asked in a subprocess, as the agent asks of its own host)."""
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                           capture_output=True, text=True, timeout=300)
+    return {"cuda": probe.stdout.strip() == "True", "host": socket.gethostname()}
 
 
 class DaskPool(LocalPool):
@@ -156,57 +176,53 @@ class DaskPool(LocalPool):
 
     def __init__(self, task: Task, panel: str, cuda: bool, attempts: Path, slots: list[Slot], address: str):
         super().__init__(task, panel, cuda, attempts, slots)
-        self.client = connect(address)
+        self.address, self.client = address, connect(address)
 
-    def _payload(self, job: Job, mode: str, limit_s: float | None, full_check: bool = False) -> dict:
+    def _payload(self, job: Job, limit_s: float | None, full_check: bool) -> dict:
         panel_path = Path(self.panel)
-        return {"mode": mode, "root": str(self.task.root), "task": self.task.folder, "panel": self.panel,
+        return {"root": str(self.task.root), "task": self.task.folder, "panel": self.panel,
                 "panel_text": panel_path.read_text() if panel_path.is_file() else None, "cuda": self.cuda,
                 "limit_s": limit_s, "candidate": _files(job.candidate), "best": _files(job.best),
                 "best_is_baseline": job.best_is_baseline, "full_check": full_check, "best_score": job.best_score,
                 "best_check": job.best_check}
 
-    def _submit(self, payloads: list[dict]) -> list:
-        resources = {"GPU": 1} if self.cuda else None
-        return [self.client.submit(remote_evaluate, payload, pure=False, resources=resources) for payload in payloads]
-
-    def _gather(self, job: Job, future, deadline: float) -> dict | None:
-        """The worker's answer (its reports written into the job's evaluation folder), or None with the future
-        cancelled; the failure's note is in ``self.why``."""
+    def _gather(self, job: Job, future, started: float, wait: float) -> dict:
+        """The worker's verdict (its reports written into the job's evaluation folder), or a failed one with the
+        future cancelled: a timeout, a worker that died (KilledWorker), an error raised in the task."""
         try:
-            result = future.result(timeout=max(0.1, deadline - time.monotonic()))
-        except Exception as exc:  # a timeout, a worker that died (KilledWorker), an error raised in the task
+            result = future.result(timeout=max(0.1, started + wait - time.monotonic()))
+        except Exception as exc:
             future.cancel()
             timed_out = "timeout" in type(exc).__name__.lower()
-            self.why = (f"no verdict within {deadline - self.started:.0f} s" if timed_out
-                        else f"the worker failed: {type(exc).__name__}: {exc}")
-            return None
+            why = (f"no verdict within {wait:.0f} s" if timed_out
+                   else f"the worker failed: {type(exc).__name__}: {exc}")
+            return failed_verdict(self.panel, self.cuda, why, time.monotonic() - started) | {"lost": not timed_out}
         folder = self.attempts / job.name
         folder.mkdir(parents=True, exist_ok=True)
-        for name, text in result.get("reports", {}).items():
+        for name, text in result["reports"].items():
             (folder / Path(name).name).write_text(text)
-        return result
+        return result["verdict"] | {"worker_host": result["host"], "worker_gpu": result["gpu"]}
 
-    def evaluate(self, jobs: list[Job], limit_s: float | None, full_check: bool) -> list[dict]:
-        self.started = time.monotonic()
-        deadline = self.started + worker_limit(limit_s or self.task.eval_timeout_s, len(self.task.stages) + 2)
-        futures = self._submit([self._payload(job, "evaluate", limit_s, full_check) for job in jobs])
-        verdicts = []
-        for job, future in zip(jobs, futures):
-            result = self._gather(job, future, deadline)
-            if result is None:
-                verdicts.append(failed_verdict(self.panel, self.cuda, self.why))
-                continue
-            verdicts.append(result["verdict"] | {"worker_host": result["host"], "worker_gpu": result["gpu"]})
+    def evaluate(self, jobs: list[Job], limit_s: float | None, full_check: bool,
+                 slots: list[Slot] | None = None) -> list[dict]:
+        started, wait = time.monotonic(), self.wait_s(limit_s)
+        resources = {"GPU": 1} if self.cuda else None
+        futures = [self.client.submit(remote_evaluate, self._payload(job, limit_s, full_check), pure=False,
+                                      resources=resources) for job in jobs]
+        verdicts = [self._gather(job, future, started, wait) for job, future in zip(jobs, futures)]
+        lost = [verdict.pop("lost", False) for verdict in verdicts]
+        if all(lost):  # every worker failed outright: is the cluster still there?
+            self.check()
         return verdicts
 
-    def retime(self, job: Job, slot: Slot, limit_s: float | None) -> Stage:
-        self.started = time.monotonic()
-        (future,) = self._submit([self._payload(job, "retime", limit_s)])
-        result = self._gather(job, future, self.started + worker_limit(limit_s or self.task.eval_timeout_s, 1))
-        if result is None:
-            return Stage("versus_best_alone", False, None, 0.0, self.why, None)
-        return Stage(**result["stage"])
+    def check(self) -> None:
+        try:
+            workers = self.client.scheduler_info().get("workers", {}) if self.client.status == "running" else {}
+        except Exception:  # a scheduler that is gone
+            workers = {}
+        if not workers:
+            raise EndpointUnavailable(f"the Dask cluster at {self.address} has no workers (or no scheduler) left: "
+                                      "the run stops here, resumable once the cluster is back")
 
     def close(self) -> None:
         self.client.close()

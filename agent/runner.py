@@ -26,11 +26,21 @@ def python_env(root: Path, cuda: bool, gpu: str = "") -> dict[str, str]:
     env["PYTHONPATH"] = str(root) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     if not cuda:
         env["TRITON_INTERPRET"] = "1"
-    if gpu:
-        env["CUDA_VISIBLE_DEVICES"] = gpu
+    if gpu:  # numbered as nvidia-smi numbers them (--gpus all reads its list)
+        env["CUDA_DEVICE_ORDER"], env["CUDA_VISIBLE_DEVICES"] = "PCI_BUS_ID", gpu
     env.pop("KLOOP_SCRIPT", None)
     env.pop("KLOOP_PAUSE_AT", None)  # the agent's test-only pause hook: nothing of the evaluator's business
     return env
+
+
+_RUNNING: set[int] = set()  # the process groups run_command has started and not yet reaped, on any thread
+
+
+def kill_running() -> None:
+    """Kill every process group run_command is waiting on: a parallel run's workers wait in threads of their own,
+    which an interrupt of the main thread never reaches."""
+    for pid in list(_RUNNING):
+        _kill_group(pid)
 
 
 def run_command(args: list[str], cwd: Path, timeout_s: float, env: dict[str, str] | None = None) -> dict:
@@ -40,6 +50,7 @@ def run_command(args: list[str], cwd: Path, timeout_s: float, env: dict[str, str
     process = subprocess.Popen([sys.executable, "-I", str(LIFELINE), str(os.getpid()), *args], cwd=cwd, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
                                start_new_session=True)
+    _RUNNING.add(process.pid)
     try:
         output, _ = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -55,6 +66,7 @@ def run_command(args: list[str], cwd: Path, timeout_s: float, env: dict[str, str
     finally:
         # a finished leader may leave children in its group (compile workers, a stuck grandchild)
         _kill_group(process.pid)
+        _RUNNING.discard(process.pid)
     if process.returncode < 0:
         try:
             name = signal.Signals(-process.returncode).name

@@ -40,7 +40,7 @@ class IterationContext:
     """The run's best version (``vN``), whose files the candidate holds at the iteration's start."""
     pending: list[str] = field(default_factory=list)
     """In a parallel run's batch, the identities (``ledger.identity``) of the candidates proposed before this one
-    and not yet recorded: a proposer treats them as tried."""
+    and not yet recorded: the offline search treats them as tried (a model sees their summaries in its prompt)."""
     pending_sources: list[str] = field(default_factory=list)
     """Their solution.py sources."""
 

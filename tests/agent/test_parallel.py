@@ -16,7 +16,6 @@ import pytest
 
 from agent import batch, pool
 from agent.ledger import ATTEMPT_ROW
-from agent.evaluate import Stage
 from agent.runner import python_env, run_command
 from tests.agent.conftest import agent_command, agent_env, make_project, run_agent, runs
 
@@ -147,34 +146,44 @@ def test_local_workers_are_pinned_side_by_side_and_a_failing_or_hung_one_costs_i
 
 
 def verdict(speedup: float, keep: bool) -> dict:
-    return {"keep": keep, "valid": True, "gpu_timing": True, "speedup_over_best": speedup, "noise": 0.01, "stages": []}
+    return {"keep": keep, "valid": True, "gpu_timing": True, "correct": True, "speedup_over_best": speedup,
+            "noise": 0.01, "stages": [{"name": "selfcheck", "ok": True, "seconds": 2.0}], "score": 1.5}
 
 
-def retimed(speedup: float):
-    report = {"score": speedup, "cases": [{"speedup": speedup, "spread": 0.01}]}
-    return Stage("versus_best_alone", True, 0, 1.0, "ok", report)
+@pytest.mark.parametrize("alone_keeps", [True, False])
+def test_a_batch_keeps_its_fastest_keeper_only_once_evaluated_again_alone(alone_keeps, tmp_path):
+    asked = []
 
+    def evaluate_alone(job, slot, limit, full_check):
+        asked.append((job.iteration, job.name, slot.gpu))
+        return verdict(1.08, True) if alone_keeps else verdict(1.005, False)
 
-@pytest.mark.parametrize("again, kept", [(1.08, True), (1.005, False)])
-def test_a_batch_keeps_its_fastest_keeper_only_after_timing_it_again_alone(again, kept):
-    calls = []
-    run = types.SimpleNamespace(state=types.SimpleNamespace(eval_limit_s=None), pool=types.SimpleNamespace(
-        retime=lambda job, slot, limit: calls.append(job.iteration) or retimed(again)))
-    jobs = [types.SimpleNamespace(iteration=i) for i in (5, 6, 7)]
+    run = types.SimpleNamespace(state=types.SimpleNamespace(eval_limit_s=None), config=types.SimpleNamespace(
+        full_check=False), pool=types.SimpleNamespace(evaluate_alone=evaluate_alone))
+    jobs = [pool.Job(i, f"00{i}-x", tmp_path, tmp_path, False, 1.2, None) for i in (5, 6, 7)]
     verdicts = [verdict(1.05, True), verdict(1.10, True), verdict(0.97, False)]
-    batch.choose(run, jobs, verdicts, [pool.Slot("0", False)] * 3)
-    assert calls == [6], "only the fastest keeper is timed again"
-    assert verdicts[1]["keep"] is kept and not verdicts[0]["keep"] and not verdicts[2]["keep"]
+    slots = [pool.Slot("0", True), pool.Slot("0", True), pool.Slot("1", False)]
+    chosen = batch.choose(run, jobs, verdicts, slots)
+    assert asked == [(6, "006-x-alone", "0")], "only the fastest keeper is evaluated again, on its own GPU"
+    assert verdicts[1]["keep"] is alone_keeps and not verdicts[0]["keep"] and not verdicts[2]["keep"]
     assert "iteration 6 was faster against the best (1.100x against 1.050x)" in verdicts[0]["batch_note"]
-    assert verdicts[1]["stages"][-1]["name"] == "versus_best_alone"
-    if kept:
-        assert verdicts[1]["speedup_over_best"] == pytest.approx(again) and verdicts[1]["retimed_alone"]
-    else:
-        assert "timed again alone against the best: 1.005x best" in verdicts[1]["batch_note"]
     from agent.loop import decision
     assert decision(verdicts[0]).startswith("revert (batch: iteration 6 was faster")
-    assert decision(verdicts[1]).startswith("keep (1.080x best, noise 0.010, timed again alone)" if kept
-                                            else "revert (batch: timed again alone")
+    if alone_keeps:  # the alone verdict stands for the attempt, and its folder is the attempt's
+        assert verdicts[1]["speedup_over_best"] == 1.08 and verdicts[1]["evaluated_alone"]
+        assert verdicts[1]["beside_others"]["speedup_over_best"] == 1.10 and not verdicts[1]["worker"]["shared"]
+        assert [j.name for j in chosen] == ["005-x", "006-x-alone", "007-x"]
+        assert decision(verdicts[1]) == "keep (1.080x best, noise 0.010, evaluated again alone)"
+    else:
+        assert chosen == jobs and verdicts[1]["stages"][-1]["name"] == "alone"
+        assert decision(verdicts[1]).startswith("revert (batch: evaluated again alone: revert (1.005x best")
+
+
+def test_shared_is_said_only_of_slots_that_share_a_gpu_within_the_batch():
+    slots = pool.make_slots(["0", "1", "0"])
+    assert [s.shared for s in slots] == [True, False, True]
+    assert [s.shared for s in batch.batch_slots(slots[:2])] == [False, False], "GPU 0 alone in a batch of two"
+    assert [s.shared for s in batch.batch_slots(slots)] == [True, False, True]
 
 
 @pytest.mark.parametrize("args, said", [
@@ -225,9 +234,9 @@ def test_a_dask_cluster_evaluates_a_batch_and_a_failing_worker_costs_its_attempt
     try:
         best = toy / TASK / "main"
         jobs = [pool.Job(1, "good", best, best, True, None, None), pool.Job(2, "bad", best, best, True, None, None)]
-        broken = workers._payload(jobs[1], "evaluate", None)
-        monkeypatch.setattr(workers, "_payload", lambda job, mode, limit, full=False: broken if job.name == "bad"
-                            else pool.DaskPool._payload(workers, job, mode, limit, full))
+        broken = workers._payload(jobs[1], None, False)
+        monkeypatch.setattr(workers, "_payload", lambda job, limit, full: broken if job.name == "bad"
+                            else pool.DaskPool._payload(workers, job, limit, full))
         broken["task"] = "no-such-task"
         good, bad = workers.evaluate(jobs, None, False)
     finally:
@@ -235,3 +244,85 @@ def test_a_dask_cluster_evaluates_a_batch_and_a_failing_worker_costs_its_attempt
     assert good["correct"] and good["worker_host"]
     assert bad["failed_stage"] == "worker" and "TaskError: no task 'no-such-task'" in bad["stages"][0]["note"]
     assert (toy.parent / "attempts" / "good" / "selfcheck.json").is_file(), "the worker's reports came back"
+
+
+class Forcing(pool.LocalPool):
+    """The real local workers (CPU, interpreter), whose verdicts for one iteration say keep, as a GPU's would for a
+    faster candidate: the loop's keep path on a CPU machine. The alone evaluation keeps it too."""
+    keeper = 2
+
+    def evaluate(self, jobs, limit_s, full_check, slots=None):
+        verdicts = super().evaluate(jobs, limit_s, full_check, slots)
+        for job, found in zip(jobs, verdicts):
+            if job.iteration == self.keeper:
+                found.update(keep=True, speedup_over_best=1.2, noise=0.01, gpu_timing=True)
+        return verdicts
+
+    def evaluate_alone(self, job, slot, limit_s, full_check):
+        found = super().evaluate_alone(job, slot, limit_s, full_check)
+        return found | {"keep": True, "speedup_over_best": 1.15, "noise": 0.01, "gpu_timing": True}
+
+
+def test_a_batch_that_keeps_records_every_member_against_the_best_it_came_from(toy: Path, monkeypatch, capsys):
+    from agent import __main__ as cli
+    from agent import loop
+    monkeypatch.setattr(cli, "ROOT", toy)
+    monkeypatch.chdir(toy)
+    monkeypatch.setattr(loop, "make_pool", lambda task, config, attempts: Forcing(
+        task, config.panel, config.cuda, attempts, pool.make_slots(config.workers)))
+    code = cli.main(["run", "--task", TASK, "--iters", "4", "--panel", "smoke", "--backend", "offline",
+                     "--workers", "2", "--plain"])
+    assert code == 0, capsys.readouterr()
+    found = assert_one_record_per_attempt(toy, 4)
+    cells = [r.split(" | ") for r in rows(toy)]
+    assert [c[4] for c in cells] == ["v0", "v0", "v2", "v2"], "members' parents: the best their batch came from"
+    assert cells[1][-3].startswith("keep (1.150x best, noise 0.010, evaluated again alone)"), cells[1]
+    assert found[1]["eval_dir"].endswith("-alone") and found[1]["verdict"]["beside_others"]["speedup_over_best"] == 1.2
+    (state,) = runs(toy)
+    assert state["best_label"] == "v2"
+    best_check = toy / "workspace" / ".runs" / state["run_id"] / "best_selfcheck.json"
+    alone = toy / "workspace" / ".runs" / state["run_id"] / "attempts" / found[1]["eval_dir"] / "selfcheck.json"
+    assert best_check.read_text() == alone.read_text(), "the best's reference is its evaluation alone"
+    candidate = toy / "workspace" / state["run_id"] / TASK / "main" / "solution.py"
+    assert candidate.read_text() == (toy / TASK / "versions" / "v2" / "solution.py").read_text()
+
+
+def test_a_cluster_of_another_kind_or_gone_is_refused_or_stops_the_run(toy: Path, cluster):
+    from agent.__main__ import Refused, cluster_workers
+    from agent.config import Task
+    from agent.exceptions import EndpointUnavailable
+    assert cluster_workers(cluster.scheduler_address, cuda=False) == 2
+    with pytest.raises(Refused, match="must be of this host's kind, a CUDA GPU"):
+        cluster_workers(cluster.scheduler_address, cuda=True)  # this host's workers have no GPU
+    workers = pool.DaskPool(Task.load(toy, TASK), "smoke", False, toy.parent / "attempts", [pool.Slot("", False)],
+                            cluster.scheduler_address)
+    try:
+        workers.check()  # workers there: nothing to say
+        cluster.scale(0)
+        deadline = time.monotonic() + 30
+        while workers.client.scheduler_info().get("workers") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        with pytest.raises(EndpointUnavailable, match="has no workers .* resumable once the cluster is back"):
+            workers.check()
+    finally:
+        workers.close()
+
+
+def test_an_interrupt_kills_every_workers_evaluation(tmp_path):
+    """The workers wait on their subprocesses in threads an interrupt never reaches: kill_running ends them."""
+    import threading
+
+    from agent.runner import kill_running
+    results = []
+    code = "import time; time.sleep(60)"
+    threads = [threading.Thread(target=lambda: results.append(run_command([sys.executable, "-c", code], tmp_path, 120)))
+               for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)
+    started = time.monotonic()
+    kill_running()
+    for thread in threads:
+        thread.join(30)
+    assert time.monotonic() - started < 10 and len(results) == 2
+    assert all(r["returncode"] != 0 and not r["timed_out"] for r in results), results
