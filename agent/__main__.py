@@ -138,12 +138,20 @@ def cluster_workers(address: str, cuda: bool) -> int:
     except ConnectionError as exc:
         raise Refused(str(exc)) from None
     try:
-        workers = client.scheduler_info().get("workers", {})
+        try:
+            workers = client.scheduler_info(n_workers=-1).get("workers", {})  # some versions list 5 by default
+        except TypeError:  # a version without the keyword lists them all
+            workers = client.scheduler_info().get("workers", {})
         if not workers:
             raise Refused(f"the Dask cluster at {address} has no workers yet: start them (one per GPU), then run")
-        facts = client.run(worker_facts)
+        facts = client.run(worker_facts, on_error="return")
     finally:
         client.close()
+    broken = sorted(f"{name} ({type(fact).__name__}: {fact})" for name, fact in facts.items()
+                    if isinstance(fact, BaseException))
+    if broken:
+        raise Refused(f"the cluster's worker(s) {', '.join(broken)} could not say whether they have a GPU: each needs "
+                      "this project installed (`make setup`) and torch")
     kind = "a CUDA GPU" if cuda else "no GPU (this host has none: its run is a CPU run)"
     odd = sorted(name for name, fact in facts.items() if fact["cuda"] != cuda)
     if odd:
@@ -163,7 +171,11 @@ def resolve_workers(gpus: str | None, workers: int | None, cluster: str | None, 
         if gpus:
             raise Refused("--gpus pins local workers; a cluster's workers are pinned where they start "
                           "(CUDA_VISIBLE_DEVICES=i dask worker ADDRESS --resources GPU=1): leave --gpus out")
-        return [""] * (workers or cluster_workers(cluster, cuda))
+        found = cluster_workers(cluster, cuda)
+        if workers and workers > found:
+            raise Refused(f"--workers {workers}: the cluster at {cluster} has {found} worker(s), one evaluation each "
+                          "at a time; give at most that many, or start more workers")
+        return [""] * (workers or found)
     ids = all_gpus() if gpus == "all" else [g.strip() for g in gpus.split(",")] if gpus else []
     bad = [g for g in ids if not re.fullmatch(r"\d+|(GPU|MIG)-[\w-]+", g)]
     if bad or (gpus is not None and not ids):
@@ -177,10 +189,13 @@ def resolve_workers(gpus: str | None, workers: int | None, cluster: str | None, 
 
 def all_gpus() -> list[str]:
     """The ids of the GPUs nvidia-smi lists; Refused where there are none."""
-    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60) \
-        if shutil.which("nvidia-smi") else None
-    ids = [str(i) for i, line in enumerate((listed.stdout if listed and not listed.returncode else "").splitlines())
-           if line.startswith("GPU ")]
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60) \
+            if shutil.which("nvidia-smi") else None
+    except subprocess.TimeoutExpired:
+        raise Refused("--gpus all: nvidia-smi gave no list within 60 s; give the device ids") from None
+    text = listed.stdout if listed and not listed.returncode else ""
+    ids = [m.group(1) for line in text.splitlines() if (m := re.match(r"GPU (\d+):", line))]  # MIG lines are not
     if not ids:
         raise Refused("--gpus all: nvidia-smi lists no GPU here; give device ids, or --workers N to share this "
                       "machine")
@@ -283,16 +298,19 @@ def resumed_run(args: argparse.Namespace) -> tuple[Task, RunConfig, RunState, Wo
 
 
 def measure_start(run: Run) -> None:
-    """The start's own selfcheck: its score is the first best and its report the first profile."""
+    """The start's own selfcheck: its score is the first best and its report the first profile. Written in an order
+    that a kill leaves either whole or to be made again: the state, then start_selfcheck.json, the mark a resumed run
+    goes by."""
     run.display.line(f"measuring the start ({run.state.best_label}) on panel {Path(run.config.panel).name}")
     stage = run.evaluator_tools.selfcheck(run.tools.candidate)
     if stage.report and "cases" in stage.report:
         run.state.best_score = stage.report.get("score")
         run.limit_stages(stage.seconds)
-        for name in ("best_selfcheck.json", "start_selfcheck.json"):  # the start's stays for the report
-            (run.workspace.state_dir / name).write_text(json.dumps(stage.report))
+        (run.workspace.state_dir / "best_selfcheck.json").write_text(json.dumps(stage.report))
     run.display.line(f"start: score {fmt(run.state.best_score)} ({stage.note})")
     run.state.save(run.workspace.state_dir)
+    if stage.report and "cases" in stage.report:  # the start's stays for the report
+        (run.workspace.state_dir / "start_selfcheck.json").write_text(json.dumps(stage.report))
 
 
 def write_report(task: Task, run_id: str) -> None:
@@ -335,7 +353,8 @@ def run_session(args: argparse.Namespace) -> RunState:
     run.display.line(f"run {state.run_id}: backend {proposer.label}, panel {Path(config.panel).name}, "
                      f"{'GPU' if config.cuda else 'CPU (interpreter; timings are not GPU timings)'}, "
                      f"worktree {workspace.path.relative_to(ROOT)}, branch {workspace.branch}")
-    if fresh or not (workspace.state_dir / "start_selfcheck.json").is_file():  # a run stopped before it measured
+    # a run stopped before its start was measured (before any attempt: its best is still the start) measures it now
+    if fresh or (state.attempts == 0 and not (workspace.state_dir / "start_selfcheck.json").is_file()):
         measure_start(run)
     try:
         run.run()

@@ -63,19 +63,32 @@ def step(run) -> None:
     started = time.monotonic()
     verdicts = run.pool.evaluate(jobs, run.state.eval_limit_s, run.config.full_check, slots)
     for verdict, slot in zip(verdicts, slots):
-        verdict["worker"] = {"gpu": verdict.pop("worker_gpu", slot.gpu), "host": verdict.pop("worker_host", None),
-                             "shared": slot.shared}
-    jobs = choose(run, jobs, verdicts, slots)
+        verdict["worker"] = worker_of(verdict, slot)
+    jobs, lost = choose(run, jobs, verdicts, slots)
     eval_s = time.monotonic() - started  # the batch's evaluations side by side, and its keeper's evaluation alone
     for proposal, job, verdict in zip(proposals, jobs, verdicts):
         replace_solution(run.tools.candidate, proposal.snapshot)
-        own_s = sum(stage.get("seconds") or 0.0 for stage in verdict["stages"])  # its worker's time, not the batch's
+        # its worker's time, not the batch's (a keeper's: beside the others, then alone)
+        own_s = seconds(verdict) + (verdict.get("beside_others") or {}).get("seconds", 0.0)
         attempt = Attempt(proposal.iteration, proposal.summary, proposal.hypothesis, proposal.usage,
                           proposal.propose_s, own_s, job.name, verdict)
         run.record(attempt, parent, {"worker": verdict["worker"], "batch": [jobs[0].iteration, jobs[-1].iteration],
                                      "batch_eval_s": round(eval_s, 2)})
     replace_solution(run.tools.candidate, run.best_dir)
     shutil.rmtree(folder, ignore_errors=True)
+    if lost:  # the cluster went during the keeper's evaluation alone: the batch is recorded, the run stops
+        raise lost
+
+
+def worker_of(verdict: dict, slot: Slot) -> dict:
+    """Where a verdict was measured: its GPU and host (a cluster's worker says; else the slot), and whether the GPU
+    was shared with another worker of the batch."""
+    return {"gpu": verdict.pop("worker_gpu", slot.gpu), "host": verdict.pop("worker_host", None),
+            "address": verdict.pop("worker_address", None), "shared": slot.shared}
+
+
+def seconds(verdict: dict) -> float:
+    return round(sum(stage.get("seconds") or 0.0 for stage in verdict["stages"]), 2)
 
 
 def batch_slots(slots: list[Slot]) -> list[Slot]:
@@ -93,6 +106,8 @@ def propose(run, first: int, size: int, folder: Path) -> list[Proposal]:
     seen = {ledger.solution_sha256(run.best_dir)}
     asked, carried, carried_s = 0, Usage(), 0.0
     while len(proposals) < size and asked < size * (1 + REPROPOSALS):
+        if run.stop_reason and proposals:  # Ctrl-C: evaluate and record what was proposed, propose no more
+            break
         asked += 1
         iteration = first + len(proposals)
         sources = [(p.snapshot / "solution.py").read_text() for p in proposals
@@ -142,40 +157,49 @@ def propose(run, first: int, size: int, folder: Path) -> list[Proposal]:
     return proposals
 
 
-def choose(run, jobs: list[Job], verdicts: list[dict], slots: list[Slot]) -> list[Job]:
+def choose(run, jobs: list[Job], verdicts: list[dict], slots: list[Slot]) -> tuple[list[Job], Exception | None]:
     """Keep at most one: the would-be keeper with the largest ratio to the best, once evaluated again alone (its
-    verdict then stands for the attempt, its folder the job's). The jobs, with that one's folder."""
+    verdict then stands for the attempt, and its folder is the job's). The jobs, with that one's folder, and the
+    cluster's loss (EndpointUnavailable) if it happened during that evaluation, for the caller to raise once the batch
+    is recorded."""
     keepers = [i for i, verdict in enumerate(verdicts) if verdict["keep"]]
     if not keepers:
-        return jobs
+        return jobs, None
     winner = max(keepers, key=lambda i: verdicts[i]["speedup_over_best"] or 0.0)
-    top = verdicts[winner]
+    top, lost, chosen = verdicts[winner], None, jobs
+    for i in keepers:
+        verdicts[i]["keep"] = i == winner
+    if len(jobs) > 1:
+        alone_job = replace(jobs[winner], name=jobs[winner].name + "-alone")
+        try:
+            alone = run.pool.evaluate_alone(alone_job, slots[winner], run.state.eval_limit_s, run.config.full_check,
+                                            top["worker"])
+        except EndpointUnavailable as exc:
+            alone, lost = None, exc
+        if alone is not None and alone["keep"]:
+            alone["worker"] = worker_of(alone, replace(slots[winner], shared=False))
+            verdicts[winner] = alone | {"evaluated_alone": True, "beside_others": summary_of(top)}
+            chosen = [alone_job if i == winner else job for i, job in enumerate(jobs)]
+        else:
+            why = decision(alone) if alone is not None else f"lost: {lost}"
+            top["keep"], top["batch_note"] = False, f"evaluated again alone: {why}"
+            top["stages"].append({"name": "alone", "ok": bool(alone and alone["valid"]), "returncode": None,
+                                  "seconds": seconds(alone) if alone else 0.0, "note": top["batch_note"],
+                                  "output": ""})
+    kept = verdicts[winner]["keep"]
     for i in keepers:
         if i != winner:
-            verdicts[i]["keep"] = False
             verdicts[i]["batch_note"] = (f"iteration {jobs[winner].iteration} was faster against the best "
                                          f"({top['speedup_over_best']:.3f}x against "
-                                         f"{verdicts[i]['speedup_over_best']:.3f}x)")
-    if len(jobs) == 1:
-        return jobs
-    alone_job = replace(jobs[winner], name=jobs[winner].name + "-alone")
-    alone = run.pool.evaluate_alone(alone_job, slots[winner], run.state.eval_limit_s, run.config.full_check)
-    alone["worker"] = {"gpu": alone.pop("worker_gpu", slots[winner].gpu), "host": alone.pop("worker_host", None),
-                       "shared": False}
-    if alone["keep"]:
-        verdicts[winner] = alone | {"evaluated_alone": True, "beside_others": summary_of(top)}
-        return [alone_job if i == winner else job for i, job in enumerate(jobs)]
-    top["keep"] = False
-    top["batch_note"] = f"evaluated again alone: {decision(alone)}"
-    top["stages"].append({"name": "alone", "ok": alone["valid"], "returncode": None,
-                          "seconds": round(sum(s.get("seconds") or 0.0 for s in alone["stages"]), 2),
-                          "note": top["batch_note"], "output": ""})
-    return jobs
+                                         f"{verdicts[i]['speedup_over_best']:.3f}x)"
+                                         + ("" if kept else ", then not kept alone; this one was not tried alone"))
+    return chosen, lost
 
 
 def summary_of(verdict: dict) -> dict:
     """What a verdict said beside the other workers, kept in the verdict that replaces it."""
-    return {key: verdict.get(key) for key in ("score", "speedup_over_best", "noise", "stable", "worker")}
+    return {key: verdict.get(key) for key in ("score", "speedup_over_best", "noise", "stable", "worker")} | {
+        "seconds": seconds(verdict)}
 
 
 def worker_label(slot: Slot) -> str:

@@ -29,11 +29,10 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent import ledger
+from agent import ledger, runner
 from agent.config import Task
 from agent.evaluate import Evaluator, Stage
 from agent.exceptions import EndpointUnavailable
-from agent.runner import kill_running
 
 GRACE_S = 60.0
 """A worker's verdict may take its stages' limits plus this (start-up, the stages' own overheads) before the worker
@@ -91,8 +90,9 @@ class LocalPool:
 
     def _evaluate(self, job: Job, slot: Slot, limit_s: float | None, full_check: bool) -> dict:
         evaluator = Evaluator(self.task, self.panel, self.cuda, self.attempts / job.name, limit_s, gpu=slot.gpu)
-        return evaluator.evaluate(job.candidate, job.best, job.best_is_baseline, full_check, job.best_score,
-                                  job.best_check)
+        with runner.job(job.name):  # its process groups carry its name: a timeout kills them alone
+            return evaluator.evaluate(job.candidate, job.best, job.best_is_baseline, full_check, job.best_score,
+                                      job.best_check)
 
     def evaluate(self, jobs: list[Job], limit_s: float | None, full_check: bool,
                  slots: list[Slot] | None = None) -> list[dict]:
@@ -104,24 +104,27 @@ class LocalPool:
             futures = [pool.submit(self._evaluate, job, slot, limit_s, full_check)
                        for job, slot in zip(jobs, slots or self.slots)]
             started = time.monotonic()
-            return [self._result(future, started, wait) for future in futures]
+            return [self._result(job, future, started, wait) for job, future in zip(jobs, futures)]
         except BaseException:  # Ctrl-C twice, or the agent's own failure: no evaluator outlives the batch
-            kill_running()
+            runner.kill_running()
             raise
         finally:
             pool.shutdown(wait=False, cancel_futures=True)  # a hung worker's thread is left; its groups die at limits
 
-    def _result(self, future, started: float, wait: float) -> dict:
+    def _result(self, job: Job, future, started: float, wait: float) -> dict:
         try:
             return future.result(timeout=max(0.0, started + wait - time.monotonic()))
-        except FutureTimeout:
+        except FutureTimeout:  # its evaluation ends here: nothing of it runs beside the next one
+            runner.kill_running(job.name)
             return failed_verdict(self.panel, self.cuda, f"no verdict within {wait:.0f} s of the batch's start", wait)
         except Exception as exc:  # a bug or an OS error in the worker: its attempt fails, the batch goes on
             return failed_verdict(self.panel, self.cuda, f"the worker failed: {type(exc).__name__}: {exc}",
                                   time.monotonic() - started)
 
-    def evaluate_alone(self, job: Job, slot: Slot, limit_s: float | None, full_check: bool) -> dict:
-        """The job evaluated again on ``slot`` with no other worker running: the verdict a keep rests on."""
+    def evaluate_alone(self, job: Job, slot: Slot, limit_s: float | None, full_check: bool,
+                       worker: dict | None = None) -> dict:
+        """The job evaluated again on ``slot`` (on a cluster: the ``worker`` its verdict names) with no other worker
+        running: the verdict a keep rests on."""
         return self.evaluate([job], limit_s, full_check, [slot])[0]
 
     def check(self) -> None:
@@ -156,12 +159,15 @@ def remote_evaluate(payload: dict) -> dict:
             panel = str(Path(tmp) / "panel.json")
             Path(panel).write_text(payload["panel_text"])
         work = Path(tmp) / "evaluation"
-        verdict = Evaluator(task, panel, payload["cuda"], work, payload["limit_s"]).evaluate(
-            candidate, best, payload["best_is_baseline"], payload["full_check"], payload["best_score"],
-            payload["best_check"])
+        with runner.job(payload["name"]):  # the agent may stop it by name (kill_running on this worker)
+            verdict = Evaluator(task, panel, payload["cuda"], work, payload["limit_s"]).evaluate(
+                candidate, best, payload["best_is_baseline"], payload["full_check"], payload["best_score"],
+                payload["best_check"])
         reports = {path.name: path.read_text() for path in work.glob("*.json")}
+    from distributed import get_worker
+
     return {"verdict": verdict | {"panel": payload["panel"]}, "reports": reports, "host": socket.gethostname(),
-            "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+            "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", ""), "address": get_worker().address}
 
 
 def worker_facts() -> dict:
@@ -180,7 +186,7 @@ class DaskPool(LocalPool):
 
     def _payload(self, job: Job, limit_s: float | None, full_check: bool) -> dict:
         panel_path = Path(self.panel)
-        return {"root": str(self.task.root), "task": self.task.folder, "panel": self.panel,
+        return {"name": job.name, "root": str(self.task.root), "task": self.task.folder, "panel": self.panel,
                 "panel_text": panel_path.read_text() if panel_path.is_file() else None, "cuda": self.cuda,
                 "limit_s": limit_s, "candidate": _files(job.candidate), "best": _files(job.best),
                 "best_is_baseline": job.best_is_baseline, "full_check": full_check, "best_score": job.best_score,
@@ -192,28 +198,50 @@ class DaskPool(LocalPool):
         try:
             result = future.result(timeout=max(0.1, started + wait - time.monotonic()))
         except Exception as exc:
-            future.cancel()
+            self._stop(job, future)
             timed_out = "timeout" in type(exc).__name__.lower()
             why = (f"no verdict within {wait:.0f} s" if timed_out
                    else f"the worker failed: {type(exc).__name__}: {exc}")
-            return failed_verdict(self.panel, self.cuda, why, time.monotonic() - started) | {"lost": not timed_out}
+            return failed_verdict(self.panel, self.cuda, why, time.monotonic() - started)
         folder = self.attempts / job.name
         folder.mkdir(parents=True, exist_ok=True)
         for name, text in result["reports"].items():
             (folder / Path(name).name).write_text(text)
-        return result["verdict"] | {"worker_host": result["host"], "worker_gpu": result["gpu"]}
+        return result["verdict"] | {"worker_host": result["host"], "worker_gpu": result["gpu"],
+                                    "worker_address": result["address"]}
+
+    def _stop(self, job: Job, future) -> None:
+        """Cancel a job and kill its evaluation where a worker still runs it (a cancel alone stops no running task)."""
+        future.cancel()
+        try:
+            self.client.run(runner.kill_running, job.name)
+        except Exception:  # a cluster that is gone has nothing left running
+            pass
 
     def evaluate(self, jobs: list[Job], limit_s: float | None, full_check: bool,
                  slots: list[Slot] | None = None) -> list[dict]:
+        return self._run(jobs, limit_s, full_check, None)
+
+    def _run(self, jobs: list[Job], limit_s: float | None, full_check: bool, worker: str | None) -> list[dict]:
         started, wait = time.monotonic(), self.wait_s(limit_s)
-        resources = {"GPU": 1} if self.cuda else None
-        futures = [self.client.submit(remote_evaluate, self._payload(job, limit_s, full_check), pure=False,
-                                      resources=resources) for job in jobs]
-        verdicts = [self._gather(job, future, started, wait) for job, future in zip(jobs, futures)]
-        lost = [verdict.pop("lost", False) for verdict in verdicts]
-        if all(lost):  # every worker failed outright: is the cluster still there?
+        placed = {"resources": {"GPU": 1}} if self.cuda else {}
+        if worker:
+            placed["workers"] = [worker]
+        futures = [self.client.submit(remote_evaluate, self._payload(job, limit_s, full_check), pure=False, **placed)
+                   for job in jobs]
+        try:
+            verdicts = [self._gather(job, future, started, wait) for job, future in zip(jobs, futures)]
+        except BaseException:  # Ctrl-C twice: no evaluation left running on the cluster
+            for job, future in zip(jobs, futures):
+                self._stop(job, future)
+            raise
+        if all(verdict["failed_stage"] == "worker" for verdict in verdicts):  # is the cluster still there?
             self.check()
         return verdicts
+
+    def evaluate_alone(self, job: Job, slot: Slot, limit_s: float | None, full_check: bool,
+                       worker: dict | None = None) -> dict:
+        return self._run([job], limit_s, full_check, (worker or {}).get("address"))[0]
 
     def check(self) -> None:
         try:

@@ -5,11 +5,14 @@ The group dies with the agent too (``lifeline.py``): a killed run leaves no eval
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Iterator
 
 LIFELINE = Path(__file__).with_name("lifeline.py")
 OUTPUT_LIMIT = 20_000  # characters of output kept: enough for a traceback, small enough for a prompt
@@ -33,13 +36,32 @@ def python_env(root: Path, cuda: bool, gpu: str = "") -> dict[str, str]:
     return env
 
 
-_RUNNING: set[int] = set()  # the process groups run_command has started and not yet reaped, on any thread
+# The process groups run_command has started and not yet reaped, on any thread, each under its thread's job label
+# (``job``); the labels whose commands are stopped ("" stops every one).
+_RUNNING: dict[int, str] = {}
+_STOPPED: set[str] = set()
+_LOCK = threading.Lock()
+_JOB = threading.local()
 
 
-def kill_running() -> None:
-    """Kill every process group run_command is waiting on: a parallel run's workers wait in threads of their own,
-    which an interrupt of the main thread never reaches."""
-    for pid in list(_RUNNING):
+@contextlib.contextmanager
+def job(label: str) -> Iterator[None]:
+    """The commands this thread runs belong to ``label`` (a parallel run's job) until the block ends."""
+    _JOB.label = label
+    try:
+        yield
+    finally:
+        _JOB.label = None
+
+
+def kill_running(label: str | None = None) -> None:
+    """Kill the process groups run_command is waiting on (those of job ``label``; None: every one), and start no
+    more of them: a parallel run's workers wait in threads of their own, which an interrupt of the main thread never
+    reaches, and a stage that ends goes on to the next."""
+    with _LOCK:
+        _STOPPED.add(label or "")
+        pids = [pid for pid, owner in _RUNNING.items() if label is None or owner == label]
+    for pid in pids:
         _kill_group(pid)
 
 
@@ -47,10 +69,15 @@ def run_command(args: list[str], cwd: Path, timeout_s: float, env: dict[str, str
     """``{"output", "returncode", "timed_out"}``; a timeout is returncode 124 and a signal death -signum. The group's
     leader is ``lifeline.py``, which kills the group if the agent dies first (Linux tells it when the thread that
     started it exits: this call holds the calling thread until the group is gone)."""
-    process = subprocess.Popen([sys.executable, "-I", str(LIFELINE), str(os.getpid()), *args], cwd=cwd, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                               start_new_session=True)
-    _RUNNING.add(process.pid)
+    label = getattr(_JOB, "label", None) or ""
+    with _LOCK:
+        if "" in _STOPPED or label in _STOPPED:
+            return {"output": "[not started: the run is stopping]", "returncode": -signal.SIGKILL,
+                    "timed_out": False}
+        process = subprocess.Popen([sys.executable, "-I", str(LIFELINE), str(os.getpid()), *args], cwd=cwd, env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                                   start_new_session=True)
+        _RUNNING[process.pid] = label
     try:
         output, _ = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -66,7 +93,8 @@ def run_command(args: list[str], cwd: Path, timeout_s: float, env: dict[str, str
     finally:
         # a finished leader may leave children in its group (compile workers, a stuck grandchild)
         _kill_group(process.pid)
-        _RUNNING.discard(process.pid)
+        with _LOCK:
+            _RUNNING.pop(process.pid, None)
     if process.returncode < 0:
         try:
             name = signal.Signals(-process.returncode).name

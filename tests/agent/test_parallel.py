@@ -18,6 +18,7 @@ from agent import batch, pool
 from agent.ledger import ATTEMPT_ROW
 from agent.runner import python_env, run_command
 from tests.agent.conftest import agent_command, agent_env, make_project, run_agent, runs
+from tests.agent.test_tools import tools  # noqa: F401 (the fixture)
 
 TOY = Path(__file__).resolve().parent.parent / "toy_task"
 TASK = "tests/toy_task"
@@ -69,7 +70,7 @@ def test_two_workers_record_every_attempt_once_in_batches_of_two(toy: Path):
     found = assert_one_record_per_attempt(toy, 4)
     assert [e["batch"] for e in found] == [[1, 2], [1, 2], [3, 4], [3, 4]]
     # two workers on the one default device: their timings are marked shared, in the index and in the row
-    assert all(e["worker"] == {"gpu": "", "host": None, "shared": True} for e in found), found
+    assert all(e["worker"] == {"gpu": "", "host": None, "address": None, "shared": True} for e in found), found
     assert all(r.split(" | ")[4] == "v0" for r in rows(toy)), "every member's parent is the best it came from"
     assert all("[timed on a device shared with another worker]" in r for r in rows(toy)), rows(toy)
     assert "batch of 2: iterations 1-2" in done.stdout and "batch of 2: iterations 3-4" in done.stdout
@@ -116,7 +117,7 @@ def sleeper(gpu_log: Path):
         def evaluate(self, candidate, *args):
             if candidate.name == "raises":
                 raise OSError("no space left on device")
-            seconds = 8 if candidate.name == "hangs" else 1
+            seconds = {"hangs": 8, "long": 60}.get(candidate.name, 1)
             code = ("import os, sys, time; t = time.time(); time.sleep(float(sys.argv[1])); "
                     "print(os.environ.get('CUDA_VISIBLE_DEVICES', '-'), t, time.time())")
             out = run_command([sys.executable, "-c", code, str(seconds)], gpu_log, 60,
@@ -154,7 +155,7 @@ def verdict(speedup: float, keep: bool) -> dict:
 def test_a_batch_keeps_its_fastest_keeper_only_once_evaluated_again_alone(alone_keeps, tmp_path):
     asked = []
 
-    def evaluate_alone(job, slot, limit, full_check):
+    def evaluate_alone(job, slot, limit, full_check, worker):
         asked.append((job.iteration, job.name, slot.gpu))
         return verdict(1.08, True) if alone_keeps else verdict(1.005, False)
 
@@ -163,10 +164,14 @@ def test_a_batch_keeps_its_fastest_keeper_only_once_evaluated_again_alone(alone_
     jobs = [pool.Job(i, f"00{i}-x", tmp_path, tmp_path, False, 1.2, None) for i in (5, 6, 7)]
     verdicts = [verdict(1.05, True), verdict(1.10, True), verdict(0.97, False)]
     slots = [pool.Slot("0", True), pool.Slot("0", True), pool.Slot("1", False)]
-    chosen = batch.choose(run, jobs, verdicts, slots)
+    for found in verdicts:
+        found["worker"] = {"gpu": "0", "host": None, "address": None, "shared": True}
+    chosen, lost = batch.choose(run, jobs, verdicts, slots)
+    assert lost is None
     assert asked == [(6, "006-x-alone", "0")], "only the fastest keeper is evaluated again, on its own GPU"
     assert verdicts[1]["keep"] is alone_keeps and not verdicts[0]["keep"] and not verdicts[2]["keep"]
     assert "iteration 6 was faster against the best (1.100x against 1.050x)" in verdicts[0]["batch_note"]
+    assert ("then not kept alone" in verdicts[0]["batch_note"]) is not alone_keeps
     from agent.loop import decision
     assert decision(verdicts[0]).startswith("revert (batch: iteration 6 was faster")
     if alone_keeps:  # the alone verdict stands for the attempt, and its folder is the attempt's
@@ -211,9 +216,16 @@ def test_resolving_workers_pins_each_gpu_once_and_shares_them_past_that(monkeypa
         resolve_workers("all", None, None)
 
 
+def cuda_here() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
 @pytest.fixture
 def cluster():
     distributed = pytest.importorskip("distributed", reason="make setup installs distributed (the cluster extra)")
+    if cuda_here():  # the agent's run here would be a GPU run, and these workers CPU ones: refused, rightly
+        pytest.skip("the local cluster's tests are CPU runs: on a CUDA host the agent refuses CPU workers")
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as found:
         yield found
 
@@ -258,8 +270,8 @@ class Forcing(pool.LocalPool):
                 found.update(keep=True, speedup_over_best=1.2, noise=0.01, gpu_timing=True)
         return verdicts
 
-    def evaluate_alone(self, job, slot, limit_s, full_check):
-        found = super().evaluate_alone(job, slot, limit_s, full_check)
+    def evaluate_alone(self, job, slot, limit_s, full_check, worker=None):
+        found = super().evaluate_alone(job, slot, limit_s, full_check, worker)
         return found | {"keep": True, "speedup_over_best": 1.15, "noise": 0.01, "gpu_timing": True}
 
 
@@ -308,21 +320,46 @@ def test_a_cluster_of_another_kind_or_gone_is_refused_or_stops_the_run(toy: Path
         workers.close()
 
 
-def test_an_interrupt_kills_every_workers_evaluation(tmp_path):
-    """The workers wait on their subprocesses in threads an interrupt never reaches: kill_running ends them."""
+def test_an_interrupt_kills_every_workers_evaluation_and_starts_no_more(tmp_path, monkeypatch):
+    """A second Ctrl-C reaches the main thread only: the batch kills the workers' process groups, and the stages they
+    would go on to never start."""
+    import signal
     import threading
 
-    from agent.runner import kill_running
-    results = []
-    code = "import time; time.sleep(60)"
-    threads = [threading.Thread(target=lambda: results.append(run_command([sys.executable, "-c", code], tmp_path, 120)))
-               for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    time.sleep(1.0)
+    from agent import runner
+    monkeypatch.setattr(runner, "_STOPPED", set())
+    monkeypatch.setattr(pool, "Evaluator", sleeper(tmp_path))
+    task = types.SimpleNamespace(eval_timeout_s=120.0, stages=())
+    workers = pool.LocalPool(task, "smoke", True, tmp_path, pool.make_slots(["", ""]))
+    jobs = [pool.Job(i, f"j{i}", tmp_path / "long", tmp_path, False, None, None) for i in range(2)]
+    # Ctrl-C as a terminal sends it, to the main thread, while the evaluations sleep 60 s
+    threading.Timer(1.5, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)).start()
     started = time.monotonic()
-    kill_running()
-    for thread in threads:
-        thread.join(30)
-    assert time.monotonic() - started < 10 and len(results) == 2
-    assert all(r["returncode"] != 0 and not r["timed_out"] for r in results), results
+    with pytest.raises(KeyboardInterrupt):
+        workers.evaluate(jobs, 120.0, False)
+    deadline = time.monotonic() + 15
+    while runner._RUNNING and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not runner._RUNNING and time.monotonic() - started < 15, "an evaluation outlived the interrupt"
+    assert run_command([sys.executable, "-c", "print(1)"], tmp_path, 10)["output"].startswith("[not started")
+
+
+def test_a_cluster_asked_for_more_workers_than_it_has_is_refused(toy: Path, cluster):
+    done = subprocess.run(agent_command("run", "--task", TASK, "--iters", "2", "--panel", "smoke", "--backend",
+                                        "offline", "--cluster", cluster.scheduler_address, "--workers", "3"),
+                          cwd=toy, env=agent_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--workers 3: the cluster at" in done.stderr and "has 2 worker(s)" in done.stderr
+    assert not entries(toy) and not runs(toy)
+
+
+def test_a_models_prompt_lists_the_batchs_earlier_members(tools):  # noqa: F811
+    from agent.loop import Run
+    run = types.SimpleNamespace(task=tools.task, tools=tools, proposer=types.SimpleNamespace(max_steps=3),
+                                best_profile=lambda: None, config=types.SimpleNamespace(cuda=False, iters=4),
+                                state=types.SimpleNamespace(last_verdict=None, run_id="r", best_label="v0",
+                                                            best_score=1.0))
+    plain = Run.context(run, 2).prompts["iteration"]
+    batch_member = Run.context(run, 2, ["BLOCK_SIZE_N 64->128", "num_warps 4->8"]).prompts["iteration"]
+    assert "Proposed in this batch" not in plain
+    assert "# Proposed in this batch, not yet evaluated (propose something else)\n\n- BLOCK_SIZE_N 64->128\n" \
+        "- num_warps 4->8\n\nPropose the next change" in batch_member
