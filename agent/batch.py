@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from agent import ledger
-from agent.exceptions import EndpointUnavailable, LimitsExceeded, ProposerError, Submitted
-from agent.loop import Attempt, decision, eval_name, same_files
+from agent.exceptions import EndpointUnavailable, LimitsExceeded
+from agent.loop import Attempt, decision, eval_name
 from agent.pool import Job, Slot
 from agent.proposers import Usage
 from agent.workspace import replace_solution
@@ -116,24 +116,11 @@ def propose(run, first: int, size: int, folder: Path) -> list[Proposal]:
         context.pending, context.pending_sources = [p.identity for p in proposals], sources
         started = time.monotonic()
         try:
-            run.proposer.iterate(context, run.tools)
-            summary, hypothesis = "(the proposer returned without submitting)", ""
-        except Submitted as submitted:
-            summary, hypothesis = submitted.summary, submitted.hypothesis
-        except LimitsExceeded:
+            summary, hypothesis = run.propose(context)
+        except (LimitsExceeded, EndpointUnavailable):  # no more from the proposer: evaluate what the batch has
             if proposals:
                 break
             raise
-        except ProposerError as exc:
-            if same_files(run.tools.candidate, run.best_dir):
-                if proposals:
-                    break
-                raise EndpointUnavailable(f"the proposer produced no candidate: {exc}") from exc
-            summary, hypothesis = f"(no submit: {exc})", ""
-        finally:
-            run.state.tokens += context.usage.tokens
-            run.state.cost_usd += context.usage.cost_usd
-            run.state.save(run.workspace.state_dir)
         usage = Usage(carried.prompt_tokens + context.usage.prompt_tokens,
                       carried.completion_tokens + context.usage.completion_tokens,
                       carried.cost_usd + context.usage.cost_usd)

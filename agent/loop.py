@@ -130,20 +130,26 @@ class Run:
         last = self.state.history[-1]["decision"] if self.state.history else "-"
         self.display.status(iteration, f"{self.state.best_label} ({fmt(self.state.best_score)})", last)
         context, started = self.context(iteration), time.monotonic()
+        summary, hypothesis = self.propose(context)
+        self.attempt(iteration, summary, hypothesis, context, time.monotonic() - started)
+
+    def propose(self, context: IterationContext) -> tuple[str, str]:
+        """The proposer's edit of the candidate, and its (summary, hypothesis); its tokens and cost go into the run
+        state whatever happens. A proposer that left the candidate as the best and failed raises
+        EndpointUnavailable (timing the best again says nothing); LimitsExceeded passes through."""
         try:
             self.proposer.iterate(context, self.tools)
-            summary, hypothesis = "(the proposer returned without submitting)", ""
+            return "(the proposer returned without submitting)", ""
         except Submitted as submitted:
-            summary, hypothesis = submitted.summary, submitted.hypothesis
+            return submitted.summary, submitted.hypothesis
         except ProposerError as exc:
-            if same_files(self.tools.candidate, self.best_dir):  # nothing proposed: timing the best again says nothing
+            if same_files(self.tools.candidate, self.best_dir):
                 raise EndpointUnavailable(f"the proposer produced no candidate: {exc}") from exc
-            summary, hypothesis = f"(no submit: {exc})", ""
+            return f"(no submit: {exc})", ""
         finally:
             self.state.tokens += context.usage.tokens
             self.state.cost_usd += context.usage.cost_usd
             self.state.save(self.workspace.state_dir)
-        self.attempt(iteration, summary, hypothesis, context, time.monotonic() - started)
 
     def attempt(self, iteration: int, summary: str, hypothesis: str, context: IterationContext,
                 propose_s: float) -> None:

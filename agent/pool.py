@@ -12,9 +12,9 @@ recorded like any attempt), never the run; a cluster left with no worker stops t
 once it is back), where it would otherwise spend every remaining attempt on failures.
 
 Why Dask rather than Ray: the GPU machines install from carried wheels; dask and distributed with everything they
-need are about 5 MB of wheels, Ray's own wheel over 60 MB for one Python and platform. Dask's scheduler gives what
-the loop needs and no more: submit a function with a resource (GPU=1), wait on its result with a timeout, hear of a
-worker's death as an error.
+need are 5.4 MB of wheels, Ray's own wheel alone 79 MB (ray 2.60, CPython 3.11, x86-64 Linux). Dask's scheduler
+gives what the loop needs and no more: submit a function with a resource (GPU=1), wait on its result with a
+timeout, hear of a worker's death as an error.
 """
 from __future__ import annotations
 

@@ -31,7 +31,6 @@ from evals import task as tasks
 
 GROUP_SIZE = 128
 SCALE_BITS = 4  # significant bits of a scale: (code - 8) * scale then fits fp16 and bf16 exactly
-TINYGEMM_INNER_K_TILES = 8  # gpt-fast's and the bench's tinygemm packing (K must be a multiple of 128)
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
 
@@ -161,17 +160,8 @@ class Tinygemm:
     codes two a byte (as the bench's peer does); CPU has its own packing of int32 codes (``*_for_cpu``)."""
 
     def __init__(self, projection: Projection) -> None:
-        codes = w4a16_adapter().unpack_int4(projection.qweight).t().contiguous().int()  # (N, K), 0..15
-        scales = projection.scales.bfloat16()
-        # tinygemm dequantizes (q - 8) * scale + zero
-        self.scale_zero = torch.stack([scales, torch.zeros_like(scales)], dim=2).contiguous()
-        if codes.is_cuda:
-            packed = (codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8)
-            self.weight = torch._convert_weight_to_int4pack(packed, TINYGEMM_INNER_K_TILES)
-            self.matmul = torch._weight_int4pack_mm
-        else:
-            self.weight = torch._convert_weight_to_int4pack_for_cpu(codes, TINYGEMM_INNER_K_TILES)
-            self.matmul = torch._weight_int4pack_mm_for_cpu
+        self.weight, self.scale_zero = w4a16_adapter().tinygemm_operands(projection.qweight, projection.scales)
+        self.matmul = torch._weight_int4pack_mm if self.weight.is_cuda else torch._weight_int4pack_mm_for_cpu
 
     def __call__(self, x, residual=None):
         y = self.matmul(x, self.weight, GROUP_SIZE, self.scale_zero)

@@ -387,13 +387,26 @@ def _peer_dense_fp16(weights: dict, case: Case):
     return fn
 
 
-def _peer_tinygemm(weights: dict, case: Case):
-    scales, epilogue = weights["scales"], weights["epilogue"]
-    codes = unpack_int4(weights["qweight"]).t().contiguous().int()  # (N, K), 0..15
-    packed = (codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8)
-    weight = torch._convert_weight_to_int4pack(packed, 8)
-    # tinygemm dequantizes (q - 8) * scale + zero
+TINYGEMM_INNER_K_TILES = 8  # gpt-fast's packing (K a multiple of 128)
+
+
+def tinygemm_operands(qweight: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The task's weights as torch's int4 weight-only matmul (tinygemm, group 128) takes them: the packed codes
+    (CUDA: two a byte; CPU: its own packing of int32 codes, for ``*_for_cpu``) and the bf16 (scale, zero) pairs of
+    tinygemm's (q - 8) * scale + zero, zero 0."""
+    codes = unpack_int4(qweight).t().contiguous().int()  # (N, K), 0..15
+    if codes.is_cuda:
+        packed = (codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8)
+        weight = torch._convert_weight_to_int4pack(packed, TINYGEMM_INNER_K_TILES)
+    else:
+        weight = torch._convert_weight_to_int4pack_for_cpu(codes, TINYGEMM_INNER_K_TILES)
     scale_zero = torch.stack([scales.bfloat16(), torch.zeros_like(scales, dtype=torch.bfloat16)], dim=2).contiguous()
+    return weight, scale_zero
+
+
+def _peer_tinygemm(weights: dict, case: Case):
+    epilogue = weights["epilogue"]
+    weight, scale_zero = tinygemm_operands(weights["qweight"], weights["scales"])
     bias_f32 = weights["bias"].float()  # bias in fp32: the row's error is tinygemm's bf16 alone, none added here
 
     def fn(x, residual):
