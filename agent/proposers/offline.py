@@ -249,6 +249,11 @@ class Move:
     value: object
     reason: str
     label: str = ""
+    also: tuple = ()  # a jump's other (knob, value) pairs (agent.proposers.per_table); empty for a one-knob move
+
+    def changes(self) -> dict[str, object]:
+        """Knob -> value of everything the move sets."""
+        return {self.knob: self.value, **dict(self.also)}
 
     @property
     def direction(self) -> str:

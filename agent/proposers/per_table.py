@@ -8,9 +8,9 @@ more attempts than a run makes. Here every table keeps its own incumbent, the be
 cases it holds, and attempts are of two kinds:
 
 - a **step** gives every table that decides a panel shape (a tier, or the general table for the shapes no tier
-  holds) its incumbent plus one move: the next untried neighbour of one knob (on along the direction that last won
-  for that table first, then nearest first in the space's knob order), so that one evaluation times a move of every
-  table;
+  holds) its incumbent plus one move: on along the direction that last won for that table first, then the space's
+  untried jumps (several knobs at once, to another region of the space), then the next untried neighbour of one knob
+  (nearest first in the space's knob order), so that one evaluation times a move of every table;
 - a **merge** gives every table its incumbent and moves nothing: only measured wins, so the loop's keep rule (faster
   than the best beyond noise, both timed in one process) keeps it once the wins add up past the noise. A merge comes
   when the incumbents' numbers put the score ``MERGE_GAIN`` over the best's, or after ``MERGE_AFTER`` steps from the
@@ -54,6 +54,7 @@ MERGE_AFTER = 3
 """Else after this many steps from the best: a step costs one selfcheck, a merge also the time against the best and
 the task's checks, several times as long (reports/examples/llgemm-seed002), so smaller wins gather first."""
 FALLBACK = "FALLBACK"
+JUMP = (0, 0, -1, 0)  # a jump's Move.rank: jumps come in the space's order, before a table's one-knob moves
 SHOWN = 6  # changes a summary names before "and N more"
 
 
@@ -276,11 +277,13 @@ def losing(tables: list[Table], found: dict[str, Incumbent], space: Space) -> li
 def next_move(table: Table, moves: list[Move], tried: set[tuple], last_won: Change | None, space: Space,
               general: Table) -> Move | None:
     """The table's next move from its incumbent: on along the direction that last won for it, else its first untried
-    neighbour (the move's order: ``single_moves``). A move is tried when the table configuration it makes has been
-    evaluated (``tried``: ``configuration`` of every recorded version's tables)."""
+    jump (``jump_moves``), else its first untried neighbour (the move's order: ``single_moves``); nothing for a table
+    that has no neighbour to move to (it decides no panel shape). A move is tried when the table configuration it
+    makes has been evaluated (``tried``: ``configuration`` of every recorded version's tables)."""
     def allowed(move: Move) -> bool:
-        key = configuration(table.name, {**table.entries, move.knob: move.value})
-        return key not in tried and not refused([general, table], space, {(table.name, move.knob): move.value})
+        key = configuration(table.name, {**table.entries, **move.changes()})
+        return key not in tried and not refused([general, table], space,
+                                                {(table.name, knob): value for knob, value in move.changes().items()})
 
     if last_won is not None and last_won.knob in space.knobs and table.entries.get(last_won.knob) == last_won.new:
         values = space.knobs[last_won.knob].values
@@ -291,7 +294,30 @@ def next_move(table: Table, moves: list[Move], tried: set[tuple], last_won: Chan
                          and m.value == values[onward]), None)
             if move is not None and allowed(move):
                 return move
-    return next((m for m in moves if allowed(m)), None)
+    return next((m for m in (jump_moves(table, space) if moves else []) + moves if allowed(m)), None)
+
+
+def jump_moves(table: Table, space: Space) -> list[Move]:
+    """The space's jumps that would change the table, in their order, each as one move setting every knob of the
+    jump that differs; none for a table that lacks a knob a jump sets (render changes a table's own entries only)."""
+    found = []
+    for to, reason in space.jumps:
+        if not all(knob in table.entries for knob in to):
+            continue
+        differ = [(knob, value) for knob, value in to.items() if not _same(table.entries[knob], value)]
+        if differ:
+            (knob, value), *also = differ
+            found.append(Move(JUMP, table.name, knob, table.entries[knob], value,
+                              f"jump to {_render(to)}: {reason}", table.label, tuple(also)))
+    return found
+
+
+def _same(a: object, b: object) -> bool:
+    return isinstance(a, bool) == isinstance(b, bool) and a == b
+
+
+def _render(values: dict) -> str:
+    return ", ".join(f"{knob}={value!r}" for knob, value in values.items())
 
 
 def iterate(context: IterationContext, tools: Tools, source: str, tables: list[Table], space: Space,
@@ -350,13 +376,18 @@ def step(tools: Tools, history: History, tables: list[Table], found: dict[str, I
               if (move := next_move(table, by_table.get(table.name, []), tried, found[table.name].won, space,
                                     current[0])) is not None]
     if not chosen:
-        raise LimitsExceeded("the per-table search has tried every single-knob neighbour of every table's incumbent")
+        raise LimitsExceeded("the per-table search has tried every jump and single-knob neighbour of every table's "
+                              "incumbent")
     edits = {(c.table, c.knob): c.new for t in tables for c in found[t.name].changes}
-    edits |= {(m.table, m.knob): m.value for m in chosen}
+    edits |= {(m.table, knob): value for m in chosen for knob, value in m.changes().items()}
     counts: dict[str, int] = {}
     for move in chosen:
-        counts[f"{move.knob} {move.direction}"] = counts.get(f"{move.knob} {move.direction}", 0) + 1
-    reason = "each table's incumbent and its next untried neighbour, measured on every case at once (" + ", ".join(
+        kind = move.reason.split(":")[0] if move.rank == JUMP else f"{move.knob} {move.direction}"
+        counts[kind] = counts.get(kind, 0) + 1
+    reason = "each table's incumbent and its next untried move, measured on every case at once (" + ", ".join(
         f"{name} in {n}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1])) + ")"
-    submit(edits, [Change(m.table, m.knob, m.current, m.value) for m in chosen], STEP, reason)
+    entries = {t.name: t.entries for t in current}
+    moved = [Change(m.table, knob, entries[m.table][knob], value)
+             for m in chosen for knob, value in m.changes().items()]
+    submit(edits, moved, STEP, reason)
     raise LimitsExceeded("the per-table search's next step is already in the ledger")

@@ -10,6 +10,7 @@ next to the tables::
         "refused": [{"when": {"KNOB": [values], ...}, "reason": "..."}],
         "device_bound": {"KNOB": "up" | "down"},
         "strategy": "coordinate" | "per-table",
+        "jumps": [{"to": {"KNOB": value, "OTHER": value, ...}, "reason": "one line"}, ...],
     }
 
 - ``knobs`` (required, non-empty): the knobs to search, in the order to try them. ``values`` is a non-empty list of
@@ -30,6 +31,11 @@ next to the tables::
 - ``strategy`` (optional): "coordinate" (the default: one knob of one table per attempt, agent.proposers.offline) or
   "per-table" (a move of every table at once, each credited by the cases it holds: agent.proposers.per_table), for a
   solution with a table per panel shape.
+- ``jumps`` (optional, per-table strategy only): starting points of regions that one-knob moves do not reach from
+  one another, such as a second kernel path whose good tiles are bad ones for the first. ``to`` sets several
+  declared knobs at once, each to one of its values; ``reason`` is the hypothesis. A table tries each jump once, as
+  one move, before its one-knob neighbours (unless a direction just won for it); the search then walks from wherever
+  the measurements leave it.
 
 Conditions name declared knobs or keys of ``get_config()``'s dict. Plain data only, except that int arithmetic
 (``1 << 40``, ``16 * 1024``) is folded first. Anything else raises ``ProposerError`` saying what is wrong and where.
@@ -82,6 +88,7 @@ class Space:
     refused: list[tuple[dict[str, list], str]] = field(default_factory=list)
     device_bound: dict[str, str] = field(default_factory=dict)  # knob -> "up" or "down" along its values
     strategy: str = "coordinate"  # STRATEGIES
+    jumps: list[tuple[dict, str]] = field(default_factory=list)  # (knob -> value, reason), in the order to try
 
 
 # Triton launch knowledge, for a solution that declares no space; its own switches are for it to declare.
@@ -151,14 +158,19 @@ def read_space(source: str, ranges: Iterable[str]) -> Space:
         return Space({k: LAUNCH_KNOBS.get(k) or Knob(BLOCK_VALUES, BLOCK_UP.format(k), BLOCK_DOWN.format(k))
                       for k in launch})
     space = _plain_data(node)
-    _dict("", space, ("knobs",), ("only_when", "refused", "device_bound", "strategy"))
-    if space.get("strategy", "coordinate") not in STRATEGIES:
+    _dict("", space, ("knobs",), ("only_when", "refused", "device_bound", "strategy", "jumps"))
+    strategy = space.get("strategy", "coordinate")
+    if strategy not in STRATEGIES:
         raise _fail("strategy", f"must be one of {', '.join(map(repr, STRATEGIES))}; got {space['strategy']!r}")
     knobs = _knobs(space["knobs"], tuple(ranges))
     names = set(knobs) | set(general)
     only_when = _only_when(space.get("only_when", {}), knobs, names)
+    jumps = _jumps(space.get("jumps", []), knobs)
+    if jumps and strategy != "per-table":
+        raise _fail("jumps", 'are taken by the per-table search only: declare "strategy": "per-table", or leave '
+                             "them out")
     return Space(knobs, only_when, _refused(space.get("refused", []), names),
-                 _device_bound(space.get("device_bound", {}), knobs), space.get("strategy", "coordinate"))
+                 _device_bound(space.get("device_bound", {}), knobs), strategy, jumps)
 
 
 def _int_literal(node: ast.AST) -> bool:
@@ -231,6 +243,30 @@ def _refused(rules: object, names: set[str]) -> list[tuple[dict[str, list], str]
         if not isinstance(rule["reason"], str) or not rule["reason"].strip():
             raise _fail(f"refused[{index}]['reason']", f"must be a non-empty string; got {rule['reason']!r}")
     return [(rule["when"], rule["reason"]) for rule in rules]
+
+
+def _jumps(jumps: object, knobs: dict[str, Knob]) -> list[tuple[dict, str]]:
+    if not isinstance(jumps, list):
+        raise _fail("jumps", f'must be a list of {{"to": {{"KNOB": value, ...}}, "reason": "..."}}; got {jumps!r}')
+    found = []
+    for index, jump in enumerate(jumps):
+        where = f"jumps[{index}]"
+        _dict(where, jump, ("to", "reason"))
+        to = jump["to"]
+        if not isinstance(to, dict) or not to:
+            raise _fail(f"{where}['to']", f'must be a non-empty dict {{"KNOB": value, ...}}; got {to!r}')
+        for name, value in to.items():
+            if name not in knobs:
+                raise _fail(f"{where}['to']", f"names {name!r}, which SEARCH_SPACE['knobs'] does not declare")
+            if not any(isinstance(value, bool) == isinstance(v, bool) and value == v for v in knobs[name].values):
+                raise _fail(f"{where}['to'][{name!r}]", f"must be one of the knob's values "
+                                                        f"{list(knobs[name].values)}; got {value!r}")
+        if not isinstance(jump["reason"], str) or not jump["reason"].strip():
+            raise _fail(f"{where}['reason']", f"must be a non-empty string; got {jump['reason']!r}")
+        if any(to == other for other, _ in found):
+            raise _fail(where, f"repeats an earlier jump: {to!r}")
+        found.append((to, jump["reason"].strip()))
+    return found
 
 
 def _device_bound(directions: object, knobs: dict[str, Knob]) -> dict[str, str]:

@@ -212,3 +212,47 @@ def test_a_batch_member_takes_each_tables_next_move_past_the_pending_ones(tools)
     assert [e["BLOCK"] for e in entries(first, tools.task)] == [64, 64, 64]
     assert second != first and submitted.value.summary.startswith("per-table step: 3 table(s): TIERS[0] BLOCK 32->16")
     assert [e["BLOCK"] for e in entries(second, tools.task)] == [16, 16, 16]
+
+
+JUMP = '    "jumps": [{"to": {"BLOCK": 16, "SPLIT": 4}, "reason": "the other path"}],\n'
+JUMPING = SOURCE.replace('    "only_when": {', JUMP + '    "only_when": {')
+
+
+def test_every_table_tries_a_jump_once_before_its_one_knob_moves_and_a_won_jump_is_merged(tools):  # noqa: F811
+    """A jump moves several knobs of every table in one step; a table whose every case won takes the jump's values
+    into the merge, and from there walks one knob at a time; a table whose jump lost never tries it again."""
+    assert JUMPING != SOURCE
+    tools.task = replace(tools.task, **FACTS)
+    start = {"a": 1.0, "b": 0.8, "c": 1.2}
+    record(tools, "v1", "v0", JUMPING, "start", "keep")
+    step, submitted = propose(tools, JUMPING, start)
+    assert submitted.summary.startswith("per-table step: 3 table(s): TIERS[0] BLOCK 32->16, TIERS[0] SPLIT 1->4, "
+                                        "TIERS[1] BLOCK 32->16")
+    assert "jump to BLOCK=16, SPLIT=4 in 3" in submitted.hypothesis
+    assert [(e["BLOCK"], e["SPLIT"]) for e in entries(step, tools.task)] == [(16, 4)] * 3
+    record(tools, "v2", "v1", step, submitted.summary, "revert (0.990x best)", {"a": 2.0, "b": 0.7, "c": 1.0})
+    merged, submitted = propose(tools, JUMPING, start, last="v2")
+    assert submitted.summary == "per-table merge: 1 table(s): TIERS[0] BLOCK 32->16, TIERS[0] SPLIT 1->4"
+    assert [(e["BLOCK"], e["SPLIT"]) for e in entries(merged, tools.task)] == [(16, 4), (32, 1), (32, 1)]
+    record(tools, "v3", "v1", merged, submitted.summary, "revert (1.004x best, noise 0.010)", start | {"a": 2.0})
+    step2, submitted = propose(tools, JUMPING, start, last="v3")
+    # TIERS[0] walks one knob from the jump's values (BLOCK 16->32, SPLIT kept at 4); the others, their jump tried,
+    # take their first one-knob neighbour
+    assert [(e["BLOCK"], e["SPLIT"]) for e in entries(step2, tools.task)] == [(32, 4), (64, 1), (64, 1)]
+    assert "jump" not in submitted.hypothesis
+
+
+def test_a_jump_is_checked_where_the_space_is_read():
+    from agent.exceptions import ProposerError
+    from agent.proposers.space import range_keys, read_space
+
+    ranges = range_keys(FACTS["tier_dims"])
+    assert read_space(JUMPING, ranges).jumps == [({"BLOCK": 16, "SPLIT": 4}, "the other path")]
+    for to, message in [({"TILE": 16}, r"jumps\[0\]\['to'\] names 'TILE', which SEARCH_SPACE\['knobs'\] does not"),
+                        ({"BLOCK": 48}, r"jumps\[0\]\['to'\]\['BLOCK'\] must be one of the knob's values \[16, 32, 64"),
+                        ({"FALLBACK": 1}, r"jumps\[0\]\['to'\]\['FALLBACK'\] must be one of the knob's values"),
+                        ({}, r"jumps\[0\]\['to'\] must be a non-empty dict")]:
+        with pytest.raises(ProposerError, match=message):
+            read_space(JUMPING.replace('{"BLOCK": 16, "SPLIT": 4}', repr(to)), ranges)
+    with pytest.raises(ProposerError, match=r"SEARCH_SPACE jumps are taken by the per-table search only"):
+        read_space(JUMPING.replace('"strategy": "per-table",', ""), ranges)

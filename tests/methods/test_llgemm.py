@@ -1,13 +1,14 @@
-"""The llgemm kernel family (tasks/llgemm, as v8 has it: v0's kernel with the split-K fences and the nearest-tier
-plan) under every plan shape its search space reaches: tensor-core and CUDA-core reductions, one share or several,
-odd N and K, M from 1 to 16 and past it. On CPU the interpreter runs it; the compile test checks the sm90 code without
-a GPU; the stress test (mark gpu) calls split plans many times on shapes where a split reduction without its fences
-can return zeros."""
+"""The llgemm kernel family (tasks/llgemm, as v9 has it: v0's kernel with the split-K fences, the nearest-tier plan
+and the CUDA-core GEMV that sums across threads once) under every plan shape its search space reaches: tensor-core and
+CUDA-core reductions, one share or several, odd N and K, M from 1 to 16 and past it. On CPU the interpreter runs it;
+the compile tests check the sm90 code without a GPU; the stress test (mark gpu) calls split plans many times on shapes
+where a split reduction without its fences can return zeros."""
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ import torch
 from evals import task as tasks
 
 ROOT = Path(__file__).resolve().parents[2]  # not tests.conftest's: it sets TRITON_INTERPRET, which fence_order avoids
-FAMILY = ROOT / "tasks" / "llgemm" / "versions" / "v8" / "solution.py"
+FAMILY = ROOT / "tasks" / "llgemm" / "versions" / "v9" / "solution.py"
 TASK = tasks.load("llgemm")
 ADAPTER = TASK.adapter
 
@@ -97,26 +98,74 @@ def test_a_shape_no_tier_holds_takes_the_nearest_tier_of_its_m_within_the_ratio(
     assert tier(1, 320, int(2560 * ratio) + 8) is None
 
 
-def fence_order() -> list[dict]:
-    """Compile the family's split plans for sm90 (run without TRITON_INTERPRET: the interpreter never compiles) and
-    say where the fences fall: after the workspace adds and before the counter, and again before the last share's
-    reads."""
+SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "ws_ptr": "*fp32", "count_ptr": "*i32", "M": "i32",
+             "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_ym": "i32",
+             "tiles_per_split": "i32"}
+
+
+def compile_sm90(constants: dict, num_warps: int = 4):
+    """The family's kernel compiled for sm90 as a launch specializes it: pointers, N, K and the strides divisible by
+    16 (else no 16-byte loads). Run without TRITON_INTERPRET: the interpreter never compiles."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    kernel = family().skinny_gemm_kernel
-    signature = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "ws_ptr": "*fp32", "count_ptr": "*i32",
-                 "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_ym": "i32",
-                 "tiles_per_split": "i32"}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(SIGNATURE)
+               if name not in ("M", "tiles_per_split")}
+    source = ASTSource(fn=family().skinny_gemm_kernel, signature=SIGNATURE | dict.fromkeys(constants, "constexpr"),
+                       constexprs=constants, attrs=aligned)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+
+
+def gemv_loops() -> list[dict]:
+    """For GEMV plans (the CUDA-core path), the sm90 machine code of the K loop, the loop holding the 16-byte
+    loads of W: its instruction count and its barriers, shuffles and shared-memory accesses."""
+    from tests.methods.hopper_compile import _cubin_tool
+
+    found = []
+    for block_n, block_m, block_k, warps in ((4, 1, 1024, 4), (1, 2, 2048, 8), (2, 2, 1024, 4)):
+        constants = {"BLOCK_N": block_n, "BLOCK_K": block_k, "BLOCK_M": block_m, "SPLIT_K": 1, "EVEN_K": True,
+                     "MMA": False, "F32_DOT": False}
+        lines = _cubin_tool("nvdisasm", ["-c"], compile_sm90(constants, warps).asm["cubin"]).splitlines()
+        labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", line))}
+        loops = [lines[labels[m.group(1)]:i + 1] for i, line in enumerate(lines)
+                 if (m := re.search(r"BRA `\((\.L_x_\d+)\)", line)) and labels.get(m.group(1), i) < i]
+        body = next((loop for loop in loops if any("LDG.E.128" in line for line in loop)), [])
+        code = [line for line in body if re.match(r"^\s+/\*[0-9a-f]+\*/\s+\S", line)]
+        found.append({"plan": [block_n, block_m, block_k, warps], "instructions": len(code),
+                      "loads": sum("LDG.E.128" in line for line in code),
+                      "exchanges": sum(bool(re.search(r"\b(BAR|SHFL|STS|LDS|LDSM|STSM)\b", line)) for line in code)})
+    return found
+
+
+def in_compiler(expression: str):
+    """``expression`` (over this module's names) evaluated in a process without the interpreter, as JSON."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", "import json; from tests.methods.test_llgemm import *; "
+                          f"print(json.dumps({expression}))"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_the_gemv_loop_keeps_its_sums_in_registers_in_the_sm90_code():
+    """The CUDA-core path's K loop: 16-byte loads of W and x and fp32 multiply-adds, and no exchange between threads
+    (no barrier, shuffle or shared memory): the sums across threads come once, after the loop."""
+    for loop in in_compiler("gemv_loops()"):
+        assert loop["loads"] >= 2 and loop["exchanges"] == 0, loop
+
+
+def fence_order() -> list[dict]:
+    """Compile the family's split plans for sm90 (run without TRITON_INTERPRET: the interpreter never compiles) and
+    say where the fences fall: after the workspace adds and before the counter, and again before the last share's
+    reads."""
     found = []
     for mma, block_m, block_n in ((True, 16, 64), (False, 1, 4)):
         constants = {"BLOCK_N": block_n, "BLOCK_K": 128, "BLOCK_M": block_m, "SPLIT_K": 4, "EVEN_K": True,
                      "MMA": mma, "F32_DOT": False}
-        source = ASTSource(fn=kernel, signature=signature | {k: "constexpr" for k in constants}, constexprs=constants)
-        ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+        ptx = compile_sm90(constants).asm["ptx"]
         lines = ptx.splitlines()
-        adds = [i for i, line in enumerate(lines) if "atom.global" in line and ".add.f32" in line]
+        adds = [i for i, line in enumerate(lines) if re.search(r"atom\.global\S*\.add(\.v\d)?\.f32", line)]
         counters = [i for i, line in enumerate(lines) if "atom.global" in line and ".add.u32" in line]
         fences = [i for i, line in enumerate(lines) if "fence.sc.gpu" in line]
         reads = [i for i, line in enumerate(lines) if "ld.global.cg" in line]
@@ -128,12 +177,7 @@ def fence_order() -> list[dict]:
 
 def test_the_split_reduction_fences_its_adds_in_the_sm90_code():
     """Compiled for sm90 (no GPU needed), in a process without the interpreter."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", "import json; from tests.methods.test_llgemm import fence_order; "
-                          "print(json.dumps(fence_order()))"], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    found = json.loads(run.stdout.strip().splitlines()[-1])
+    found = in_compiler("fence_order()")
     assert len(found) == 2 and all(f["adds"] and f["fenced_adds"] and f["fenced_reads"] for f in found), found
 
 
