@@ -39,8 +39,8 @@ from agent.config import Task
 from agent.exceptions import LimitsExceeded
 from agent.ledger import ATTEMPT_ROW, parse_row
 from agent.proposers import IterationContext
-from agent.proposers.offline import Move, Shape, Table, find_tables, refused, render, single_moves
-from agent.proposers.space import Space
+from agent.proposers.offline import Move, Shape, Table, _Source, find_tables, refused, render, single_moves
+from agent.proposers.space import Space, same_value
 from agent.tools import Tools
 
 STEP, MERGE = "per-table step", "per-table merge"
@@ -275,11 +275,12 @@ def losing(tables: list[Table], found: dict[str, Incumbent], space: Space) -> li
 
 
 def next_move(table: Table, moves: list[Move], tried: set[tuple], last_won: Change | None, space: Space,
-              general: Table) -> Move | None:
+              general: Table, visited: list[frozenset] = ()) -> Move | None:
     """The table's next move from its incumbent: on along the direction that last won for it, else its first untried
-    jump (``jump_moves``), else its first untried neighbour (the move's order: ``single_moves``); nothing for a table
-    that has no neighbour to move to (it decides no panel shape). A move is tried when the table configuration it
-    makes has been evaluated (``tried``: ``configuration`` of every recorded version's tables)."""
+    jump (``jump_moves``; ``visited``: the configurations this table has been evaluated at, as ``configuration``'s
+    entries), else its first untried neighbour (the move's order: ``single_moves``); nothing for a table that has no
+    neighbour to move to (it decides no panel shape). A move is tried when the table configuration it makes has been
+    evaluated (``tried``: ``configuration`` of every recorded version's tables)."""
     def allowed(move: Move) -> bool:
         key = configuration(table.name, {**table.entries, **move.changes()})
         return key not in tried and not refused([general, table], space,
@@ -294,17 +295,28 @@ def next_move(table: Table, moves: list[Move], tried: set[tuple], last_won: Chan
                          and m.value == values[onward]), None)
             if move is not None and allowed(move):
                 return move
-    return next((m for m in (jump_moves(table, space) if moves else []) + moves if allowed(m)), None)
+    jumps = jump_moves(table, space, general, visited) if moves else []
+    return next((m for m in jumps + moves if allowed(m)), None)
 
 
-def jump_moves(table: Table, space: Space) -> list[Move]:
+def jump_moves(table: Table, space: Space, general: Table, visited: list[frozenset] = ()) -> list[Move]:
     """The space's jumps that would change the table, in their order, each as one move setting every knob of the
-    jump that differs; none for a table that lacks a knob a jump sets (render changes a table's own entries only)."""
+    jump that differs. A table tries a jump once: none that a configuration in ``visited`` already held (all its
+    values), none where a knob it sets would not matter (``only_when``, on the general table's values updated by the
+    table's and the jump's: a table at its fallback), none that would overwrite a computed value or set a knob the
+    table lacks (render changes a table's own literal entries only)."""
     found = []
     for to, reason in space.jumps:
-        if not all(knob in table.entries for knob in to):
+        if not all(knob in table.entries and not isinstance(table.entries[knob], _Source) for knob in to):
             continue
-        differ = [(knob, value) for knob, value in to.items() if not _same(table.entries[knob], value)]
+        held = {(knob, repr(value)) for knob, value in to.items()}
+        if any(held <= entries for entries in visited):
+            continue
+        after = {**general.entries, **table.entries, **to}
+        if not all(any(all(_holds(after.get(other), allowed) for other, allowed in alternative.items())
+                       for alternative in space.only_when[knob]) for knob in to if space.only_when.get(knob)):
+            continue
+        differ = [(knob, value) for knob, value in to.items() if not same_value(table.entries[knob], value)]
         if differ:
             (knob, value), *also = differ
             found.append(Move(JUMP, table.name, knob, table.entries[knob], value,
@@ -312,8 +324,9 @@ def jump_moves(table: Table, space: Space) -> list[Move]:
     return found
 
 
-def _same(a: object, b: object) -> bool:
-    return isinstance(a, bool) == isinstance(b, bool) and a == b
+def _holds(value: object, allowed: list) -> bool:
+    """As ``decides`` reads an only_when alternative: an unset or computed value does not restrict."""
+    return value is None or isinstance(value, _Source) or any(same_value(value, a) for a in allowed)
 
 
 def _render(values: dict) -> str:
@@ -369,12 +382,15 @@ def step(tools: Tools, history: History, tables: list[Table], found: dict[str, I
     tried |= {configuration(t.name, t.entries) for source in context.pending_sources
               for t in find_tables(source, tools.task)}
     current = [replace_entries(t, found[t.name].entries) for t in tables]
+    visited: dict[str, list[frozenset]] = {}
+    for name, entries in tried:
+        visited.setdefault(name, []).append(frozenset(entries))
     by_table: dict[str, list[Move]] = {}
     for move in single_moves(current, context.profile, space, tools.task):
         by_table.setdefault(move.table, []).append(move)
     chosen = [move for table in current
               if (move := next_move(table, by_table.get(table.name, []), tried, found[table.name].won, space,
-                                    current[0])) is not None]
+                                    current[0], visited.get(table.name, []))) is not None]
     if not chosen:
         raise LimitsExceeded("the per-table search has tried every jump and single-knob neighbour of every table's "
                               "incumbent")

@@ -32,10 +32,11 @@ next to the tables::
   "per-table" (a move of every table at once, each credited by the cases it holds: agent.proposers.per_table), for a
   solution with a table per panel shape.
 - ``jumps`` (optional, per-table strategy only): starting points of regions that one-knob moves do not reach from
-  one another, such as a second kernel path whose good tiles are bad ones for the first. ``to`` sets several
-  declared knobs at once, each to one of its values; ``reason`` is the hypothesis. A table tries each jump once, as
-  one move, before its one-knob neighbours (unless a direction just won for it); the search then walks from wherever
-  the measurements leave it.
+  one another, such as a second kernel path whose good tiles are bad ones for the first. ``to`` sets one or more
+  declared knobs at once, each to one of its values, in no refused combination; ``reason`` is the hypothesis. A
+  table tries each jump once, as one move, before its one-knob neighbours (unless a direction just won for it), and
+  never where a knob the jump sets would not matter (``only_when``); the search then walks from wherever the
+  measurements leave it.
 
 Conditions name declared knobs or keys of ``get_config()``'s dict. Plain data only, except that int arithmetic
 (``1 << 40``, ``16 * 1024``) is folded first. Anything else raises ``ProposerError`` saying what is wrong and where.
@@ -165,12 +166,12 @@ def read_space(source: str, ranges: Iterable[str]) -> Space:
     knobs = _knobs(space["knobs"], tuple(ranges))
     names = set(knobs) | set(general)
     only_when = _only_when(space.get("only_when", {}), knobs, names)
-    jumps = _jumps(space.get("jumps", []), knobs)
+    refused = _refused(space.get("refused", []), names)
+    jumps = _jumps(space.get("jumps", []), knobs, refused)
     if jumps and strategy != "per-table":
         raise _fail("jumps", 'are taken by the per-table search only: declare "strategy": "per-table", or leave '
                              "them out")
-    return Space(knobs, only_when, _refused(space.get("refused", []), names),
-                 _device_bound(space.get("device_bound", {}), knobs), strategy, jumps)
+    return Space(knobs, only_when, refused, _device_bound(space.get("device_bound", {}), knobs), strategy, jumps)
 
 
 def _int_literal(node: ast.AST) -> bool:
@@ -245,7 +246,7 @@ def _refused(rules: object, names: set[str]) -> list[tuple[dict[str, list], str]
     return [(rule["when"], rule["reason"]) for rule in rules]
 
 
-def _jumps(jumps: object, knobs: dict[str, Knob]) -> list[tuple[dict, str]]:
+def _jumps(jumps: object, knobs: dict[str, Knob], refused: list[tuple[dict[str, list], str]]) -> list[tuple[dict, str]]:
     if not isinstance(jumps, list):
         raise _fail("jumps", f'must be a list of {{"to": {{"KNOB": value, ...}}, "reason": "..."}}; got {jumps!r}')
     found = []
@@ -258,15 +259,23 @@ def _jumps(jumps: object, knobs: dict[str, Knob]) -> list[tuple[dict, str]]:
         for name, value in to.items():
             if name not in knobs:
                 raise _fail(f"{where}['to']", f"names {name!r}, which SEARCH_SPACE['knobs'] does not declare")
-            if not any(isinstance(value, bool) == isinstance(v, bool) and value == v for v in knobs[name].values):
+            if not any(same_value(value, v) for v in knobs[name].values):
                 raise _fail(f"{where}['to'][{name!r}]", f"must be one of the knob's values "
                                                         f"{list(knobs[name].values)}; got {value!r}")
         if not isinstance(jump["reason"], str) or not jump["reason"].strip():
             raise _fail(f"{where}['reason']", f"must be a non-empty string; got {jump['reason']!r}")
         if any(to == other for other, _ in found):
             raise _fail(where, f"repeats an earlier jump: {to!r}")
+        for when, why in refused:  # a combination the jump's own values make, whatever the table holds
+            if all(knob in to and any(same_value(to[knob], v) for v in allowed) for knob, allowed in when.items()):
+                raise _fail(where, f"sets a refused combination {when!r} ({why}); no table could take it")
         found.append((to, jump["reason"].strip()))
     return found
+
+
+def same_value(a: object, b: object) -> bool:
+    """Equal, and both bools or both not: True is not the value 1 here."""
+    return isinstance(a, bool) == isinstance(b, bool) and a == b
 
 
 def _device_bound(directions: object, knobs: dict[str, Knob]) -> dict[str, str]:

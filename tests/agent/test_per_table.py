@@ -256,3 +256,45 @@ def test_a_jump_is_checked_where_the_space_is_read():
             read_space(JUMPING.replace('{"BLOCK": 16, "SPLIT": 4}', repr(to)), ranges)
     with pytest.raises(ProposerError, match=r"SEARCH_SPACE jumps are taken by the per-table search only"):
         read_space(JUMPING.replace('"strategy": "per-table",', ""), ranges)
+    rule = '    "refused": [{"when": {"SPLIT": [4], "BLOCK": [16]}, "reason": "too small"}],\n'
+    refusing = JUMPING.replace('    "only_when": {', rule + '    "only_when": {')
+    with pytest.raises(ProposerError, match=r"jumps\[0\] sets a refused combination .* \(too small\); no table"):
+        read_space(refusing, ranges)
+
+
+def test_a_lost_jump_stays_tried_after_a_win_on_a_knob_it_leaves_alone(tools):  # noqa: F811
+    """The jump is tried once per table: a later win on another knob makes the jump's configuration new, but the table
+    has been at the jump's values, so it walks on one knob at a time."""
+    tools.task = replace(tools.task, **FACTS)
+    warps = '        "WARPS": {"values": [4, 8], "reason": "warps"},\n'
+    source = JUMPING.replace('    "knobs": {\n', '    "knobs": {\n' + warps)
+    source = source.replace('"SPLIT": 1,\n     "FALLBACK": False}', '"SPLIT": 1, "WARPS": 4,\n     "FALLBACK": False}')
+    assert source.count('"WARPS": 4') == 3
+    start = {"a": 1.0, "b": 1.0, "c": 1.0}
+    record(tools, "v1", "v0", source, "start", "keep")
+    step, submitted = propose(tools, source, start)
+    assert "jump to" in submitted.hypothesis
+    record(tools, "v2", "v1", step, submitted.summary, "revert", {"a": 0.5, "b": 0.5, "c": 0.5})
+    step, submitted = propose(tools, source, start, last="v2")
+    assert submitted.summary.startswith("per-table step: 3 table(s): TIERS[0] WARPS 4->8")
+    record(tools, "v3", "v1", step, submitted.summary, "revert", {"a": 3.0, "b": 0.5, "c": 0.5})
+    merged, submitted = propose(tools, source, start, last="v3")
+    assert submitted.summary == "per-table merge: 1 table(s): TIERS[0] WARPS 4->8"
+    record(tools, "v4", "v1", merged, submitted.summary, "keep (2.0x best)", {"a": 3.0, "b": 1.0, "c": 1.0})
+    step, submitted = propose(tools, merged, {"a": 3.0, "b": 1.0, "c": 1.0}, last="v4", label="v4")
+    assert "jump" not in submitted.hypothesis, submitted.hypothesis
+    assert [(e["BLOCK"], e["SPLIT"]) for e in entries(step, tools.task)][0] != (16, 4)
+
+
+def test_a_table_at_its_fallback_gets_no_jump(tools):  # noqa: F811
+    """Where the knobs a jump sets would not matter (only_when: the table runs the baseline), the table takes its own
+    next move instead."""
+    tools.task = replace(tools.task, **FACTS)
+    tier = '{"M_MIN": 2, "M_MAX": 2, "N_MIN": 64, "N_MAX": 64, "K_MIN": 64, "K_MAX": 64, "BLOCK": 32, "SPLIT": 1,\n'
+    source = JUMPING.replace(tier + '     "FALLBACK": False}', tier + '     "FALLBACK": True}')
+    assert source != JUMPING
+    record(tools, "v1", "v0", source, "start", "keep")
+    step, submitted = propose(tools, source, {"a": 1.0, "b": 1.0, "c": 1.0})
+    assert "jump to BLOCK=16, SPLIT=4 in 2" in submitted.hypothesis
+    assert [(e["BLOCK"], e["SPLIT"], e["FALLBACK"]) for e in entries(step, tools.task)] == [
+        (16, 4, False), (32, 1, False), (16, 4, False)]

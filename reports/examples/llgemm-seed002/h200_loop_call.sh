@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One H200 call: the loop on llgemm (offline, visible panel, time-limited) from FROM (default v9: the fenced split-K,
+# One H200 call: the loop on llgemm (offline, visible panel, time-limited) from FROM (default v10: the fenced split-K,
 # the GEMV path and its jumps), ITERS attempts (default 20), then its records back in $OUT.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
@@ -9,7 +9,7 @@ git rev-parse --is-inside-work-tree >$OUT/env.txt 2>&1 \
 git log --oneline -1 >>$OUT/env.txt 2>&1
 nvidia-smi --query-gpu=name,power.limit --format=csv >>$OUT/env.txt
 start=$(date +%s)
-timeout ${LOOP_S:-440} python3 -m agent run --task llgemm --iters ${ITERS:-20} --from ${FROM:-v9} --backend offline \
+timeout ${LOOP_S:-440} python3 -m agent run --task llgemm --iters ${ITERS:-20} --from ${FROM:-v10} --backend offline \
   --plain --time-limit ${LOOP_MIN:-6} 2>&1 | tee $OUT/run.log
 echo "loop wall: $(( $(date +%s) - start )) s" | tee -a $OUT/run.log
 tar czf $OUT/records.tgz tasks/llgemm/versions tasks/llgemm/experiment_log.md workspace/.runs reports 2>/dev/null
