@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The H200 calls after the loop has settled the tables (issue 38's last steps), each under 9 minutes, logs in $OUT:
+#   PART=promote V=N bash reports/examples/llgemm-seed002/h200_final_calls.sh
+#       make promote TASK=llgemm V=N VERIFY=1 (the full verifier on the visible panel), then main's selfcheck on the
+#       visible panel and table.py on it (the side-by-side table; RUNS="id ..." counts those runs' attempts)
+#   PART=sealed SEED=S bash reports/examples/llgemm-seed002/h200_final_calls.sh
+#       a sealed panel drawn with seed S outside the repository, the verifier of main on it, make bench TASK=llgemm
+# The records (ledger, main, reports) come back in $OUT/records.tgz.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site:$PWD || exit 1
+export PYTHONUNBUFFERED=1
+git rev-parse --is-inside-work-tree >$OUT/env.txt 2>&1 \
+  || { git init -q && git add -A && git -c user.name=kloop -c user.email=kloop@localhost commit -qm device; }
+git log --oneline -1 >>$OUT/env.txt 2>&1
+nvidia-smi --query-gpu=name,power.limit --format=csv >>$OUT/env.txt
+HERE=reports/examples/llgemm-seed002
+case "${PART:?PART=promote or PART=sealed}" in
+  promote)
+    make promote TASK=llgemm V=${V:?V=N, the version to promote} VERIFY=1 2>&1 | tee $OUT/promote.txt
+    make selfcheck TASK=llgemm PANEL=visible JSON=$OUT/selfcheck-main.json 2>&1 | tee $OUT/selfcheck-main.txt
+    python3 $HERE/table.py $OUT/selfcheck-main.json --ledger tasks/llgemm/experiment_log.md \
+      $(for run in $RUNS; do echo --run $run; done) 2>&1 | tee $OUT/table.md ;;
+  sealed)
+    make sealed-panel TASK=llgemm SEED=${SEED:?SEED=S, a seed not drawn before} FILE=/tmp/sealed-$SEED.json \
+      2>&1 | tee $OUT/sealed.txt || exit 1
+    make verify TASK=llgemm PANEL=/tmp/sealed-$SEED.json JSON=$OUT/verifier-sealed-$SEED.json \
+      2>&1 | tee $OUT/verifier-sealed-$SEED.txt
+    cp /tmp/sealed-$SEED.json $OUT/  # the panel, once it has been run
+    make bench TASK=llgemm JSON=$OUT/bench.json 2>&1 | tee $OUT/bench.txt ;;
+  *) echo "PART must be promote or sealed" >&2; exit 2 ;;
+esac
+tar czf $OUT/records.tgz tasks/llgemm/main tasks/llgemm/experiment_log.md tasks/llgemm/versions/index.jsonl reports \
+  2>/dev/null
+ls -la $OUT
