@@ -30,7 +30,7 @@ from agent.exceptions import LimitsExceeded, ProposerError
 from agent.ledger import ATTEMPT_ROW, identity, legacy_sha256, parse_row, solution_files
 from agent.proposers import IterationContext
 from agent.proposers.space import (Knob, Space, assigned, find_get_config, number, range_keys, read_space,
-                                   string_keys)
+                                   same_value, string_keys)
 from agent.tools import Tools
 
 OPEN_END = 1 << 40  # how tiers write "no upper bound"
@@ -201,7 +201,7 @@ def new_tier(source: str, tables: list[Table], stratum: str, task: Task) -> Tabl
 
 
 def _holds(value: object, allowed: list) -> bool:
-    return value is not None and not isinstance(value, _Source) and value in allowed
+    return value is not None and not isinstance(value, _Source) and any(same_value(value, a) for a in allowed)
 
 
 def refused(tables: list[Table], space: Space, changes: dict[tuple[str, str], object] | None = None) -> str | None:
@@ -291,7 +291,7 @@ def decides(tables: list[Table], table: Table, knob: str, space: Space, cases) -
 
     def matters(shape: Shape) -> bool:
         return not space.only_when.get(knob) or any(
-            all(value is None or isinstance(value, _Source) or value in allowed
+            all(value is None or isinstance(value, _Source) or any(same_value(value, a) for a in allowed)
                 for other, allowed in alternative.items()
                 for value in [decider(tables, shape, other).entries.get(other)])
             for alternative in space.only_when[knob])

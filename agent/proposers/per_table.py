@@ -130,12 +130,13 @@ class History:
                 else {}
         return self.cases[version]
 
-    def configurations(self) -> set[tuple]:
-        """(table name, its entries) of every table of every recorded version: what has been evaluated."""
+    def configurations(self, measured: bool = False) -> set[tuple]:
+        """(table name, its entries) of every table of every recorded version: what has been evaluated; with
+        ``measured``, only of the versions whose numbers are trusted (``speedups``): what has been timed."""
         found = set()
         for row in self.rows:
             source = self.source(row["version"])
-            if source is not None:
+            if source is not None and (not measured or self.speedups(row["version"])):
                 found |= {configuration(t.name, t.entries) for t in find_tables(source, self.task)}
         return found
 
@@ -301,10 +302,10 @@ def next_move(table: Table, moves: list[Move], tried: set[tuple], last_won: Chan
 
 def jump_moves(table: Table, space: Space, general: Table, visited: list[frozenset] = ()) -> list[Move]:
     """The space's jumps that would change the table, in their order, each as one move setting every knob of the
-    jump that differs. A table tries a jump once: none that a configuration in ``visited`` already held (all its
-    values), none where a knob it sets would not matter (``only_when``, on the general table's values updated by the
-    table's and the jump's: a table at its fallback), none that would overwrite a computed value or set a knob the
-    table lacks (render changes a table's own literal entries only)."""
+    jump that differs. A table tries a jump once: none that a configuration in ``visited`` (where the table has been
+    timed) already held (all its values), none where a knob it sets would not matter (``only_when``, on the general
+    table's values updated by the table's and the jump's: a table at its fallback), none that would overwrite a
+    computed value or set a knob the table lacks (render changes a table's own literal entries only)."""
     found = []
     for to, reason in space.jumps:
         if not all(knob in table.entries and not isinstance(table.entries[knob], _Source) for knob in to):
@@ -325,7 +326,7 @@ def jump_moves(table: Table, space: Space, general: Table, visited: list[frozens
 
 
 def _holds(value: object, allowed: list) -> bool:
-    """As ``decides`` reads an only_when alternative: an unset or computed value does not restrict."""
+    """As ``decides`` reads an only_when alternative: an unset or computed value does not restrict; True is not 1."""
     return value is None or isinstance(value, _Source) or any(same_value(value, a) for a in allowed)
 
 
@@ -377,13 +378,15 @@ def iterate(context: IterationContext, tools: Tools, source: str, tables: list[T
 def step(tools: Tools, history: History, tables: list[Table], found: dict[str, Incumbent], space: Space,
          context: IterationContext, submit) -> None:
     """Every table that decides a panel shape at its incumbent plus its own next untried move."""
-    tried = history.configurations() | {configuration(t.name, t.entries) for t in tables}
     # a parallel run's batch: the members proposed before this one, not yet recorded, are tried too
-    tried |= {configuration(t.name, t.entries) for source in context.pending_sources
-              for t in find_tables(source, tools.task)}
+    pending = {configuration(t.name, t.entries) for source in context.pending_sources
+               for t in find_tables(source, tools.task)}
+    tried = history.configurations() | {configuration(t.name, t.entries) for t in tables} | pending
     current = [replace_entries(t, found[t.name].entries) for t in tables]
+    # where each table has been timed: a jump counts as tried only there (a step wrong on some other table's case,
+    # or timed on another kind of device, measured no table, and a jump is the one way into its region)
     visited: dict[str, list[frozenset]] = {}
-    for name, entries in tried:
+    for name, entries in history.configurations(measured=True) | pending:
         visited.setdefault(name, []).append(frozenset(entries))
     by_table: dict[str, list[Move]] = {}
     for move in single_moves(current, context.profile, space, tools.task):

@@ -47,7 +47,8 @@ def check(module, m: int, n: int, k: int, device, calls: int = 2) -> None:
 
 
 PLANS = [dict(MMA=True, BLOCK_N=16, BLOCK_K=64, SPLIT_K=1), dict(MMA=True, BLOCK_N=32, BLOCK_K=64, SPLIT_K=4),
-         dict(MMA=False, BLOCK_N=1, BLOCK_K=64, SPLIT_K=1), dict(MMA=False, BLOCK_N=4, BLOCK_K=32, SPLIT_K=8)]
+         dict(MMA=False, BLOCK_N=1, BLOCK_K=64, SPLIT_K=1), dict(MMA=False, BLOCK_N=4, BLOCK_K=32, SPLIT_K=8),
+         dict(MMA=False, BLOCK_N=128, BLOCK_K=64, SPLIT_K=2)]  # at M 16 plan() halves BLOCK_N to 32
 
 
 @pytest.mark.parametrize("plan", PLANS, ids=lambda p: "-".join(f"{k}{v}" for k, v in p.items()))

@@ -5,7 +5,9 @@
 #       visible panel and table.py on it (the side-by-side table; RUNS="id ..." counts those runs' attempts)
 #   PART=sealed SEED=S bash reports/examples/llgemm-seed002/h200_final_calls.sh
 #       a sealed panel drawn with seed S outside the repository, the verifier of main on it, make bench TASK=llgemm
-# The records (ledger, main, reports) come back in $OUT/records.tgz.
+# The records (ledger, main, promotion reports, reports) come back in $OUT/records.tgz; unpack and commit the promote
+# call's before the sealed one, which judges the main it is given.
+set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
 export PYTHONUNBUFFERED=1
@@ -16,7 +18,8 @@ nvidia-smi --query-gpu=name,power.limit --format=csv >>$OUT/env.txt
 HERE=reports/examples/llgemm-seed002
 case "${PART:?PART=promote or PART=sealed}" in
   promote)
-    make promote TASK=llgemm V=${V:?V=N, the version to promote} VERIFY=1 2>&1 | tee $OUT/promote.txt
+    make promote TASK=llgemm V=${V:?V=N, the version to promote} VERIFY=1 2>&1 | tee $OUT/promote.txt \
+      || { tar czf $OUT/records.tgz tasks/llgemm/experiment_log.md $(ls -d workspace/.promotions 2>/dev/null); exit 1; }
     make selfcheck TASK=llgemm PANEL=visible JSON=$OUT/selfcheck-main.json 2>&1 | tee $OUT/selfcheck-main.txt
     python3 $HERE/table.py $OUT/selfcheck-main.json --ledger tasks/llgemm/experiment_log.md \
       $(for run in $RUNS; do echo --run $run; done) 2>&1 | tee $OUT/table.md ;;
@@ -24,11 +27,11 @@ case "${PART:?PART=promote or PART=sealed}" in
     make sealed-panel TASK=llgemm SEED=${SEED:?SEED=S, a seed not drawn before} FILE=/tmp/sealed-$SEED.json \
       2>&1 | tee $OUT/sealed.txt || exit 1
     make verify TASK=llgemm PANEL=/tmp/sealed-$SEED.json JSON=$OUT/verifier-sealed-$SEED.json \
-      2>&1 | tee $OUT/verifier-sealed-$SEED.txt
+      2>&1 | tee $OUT/verifier-sealed-$SEED.txt  # an invalid verdict still goes on to bench
     cp /tmp/sealed-$SEED.json $OUT/  # the panel, once it has been run
     make bench TASK=llgemm JSON=$OUT/bench.json 2>&1 | tee $OUT/bench.txt ;;
   *) echo "PART must be promote or sealed" >&2; exit 2 ;;
 esac
 tar czf $OUT/records.tgz tasks/llgemm/main tasks/llgemm/experiment_log.md tasks/llgemm/versions/index.jsonl reports \
-  2>/dev/null
+  $(ls -d workspace/.promotions 2>/dev/null)
 ls -la $OUT
