@@ -278,7 +278,7 @@ def losing(tables: list[Table], found: dict[str, Incumbent], space: Space) -> li
 def next_move(table: Table, moves: list[Move], tried: set[tuple], last_won: Change | None, space: Space,
               general: Table, visited: list[frozenset] = ()) -> Move | None:
     """The table's next move from its incumbent: on along the direction that last won for it, else its first untried
-    jump (``jump_moves``; ``visited``: the configurations this table has been evaluated at, as ``configuration``'s
+    jump (``jump_moves``; ``visited``: the configurations this table has been timed at, as ``configuration``'s
     entries), else its first untried neighbour (the move's order: ``single_moves``); nothing for a table that has no
     neighbour to move to (it decides no panel shape). A move is tried when the table configuration it makes has been
     evaluated (``tried``: ``configuration`` of every recorded version's tables)."""
