@@ -302,7 +302,6 @@ def test_a_table_at_its_fallback_gets_no_jump(tools):  # noqa: F811
         (16, 4, False), (32, 1, False), (16, 4, False)]
 
 
-
 def test_a_jump_leaves_a_computed_value_alone(tools):  # noqa: F811
     """A table whose value of a knob the jump sets is an expression is not jumped (render changes literals only)."""
     tools.task = replace(tools.task, **FACTS)

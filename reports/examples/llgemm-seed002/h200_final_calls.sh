@@ -8,13 +8,7 @@
 # The records (ledger, main, promotion reports, reports) come back in $OUT/records.tgz; unpack and commit the promote
 # call's before the sealed one, which judges the main it is given.
 set -o pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
-export PYTHONUNBUFFERED=1
-git rev-parse --is-inside-work-tree >$OUT/env.txt 2>&1 \
-  || { git init -q && git add -A && git -c user.name=kloop -c user.email=kloop@localhost commit -qm device; }
-git log --oneline -1 >>$OUT/env.txt 2>&1
-nvidia-smi --query-gpu=name,power.limit --format=csv >>$OUT/env.txt
+source "$(dirname "$0")/device_env.sh" || exit 1
 HERE=reports/examples/llgemm-seed002
 case "${PART:?PART=promote or PART=sealed}" in
   promote)
