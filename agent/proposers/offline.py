@@ -204,6 +204,12 @@ def _holds(value: object, allowed: list) -> bool:
     return value is not None and not isinstance(value, _Source) and any(same_value(value, a) for a in allowed)
 
 
+def admits(allowed: list, value: object) -> bool:
+    """Whether an only_when alternative's ``allowed`` values admit ``value``: an unset or computed value does not
+    restrict; True is not 1."""
+    return value is None or isinstance(value, _Source) or any(same_value(value, a) for a in allowed)
+
+
 def refused(tables: list[Table], space: Space, changes: dict[tuple[str, str], object] | None = None) -> str | None:
     """The reason of the first refused combination some table holds with ``changes`` made (its effective values: the
     general table updated by the table), else None."""
@@ -291,8 +297,7 @@ def decides(tables: list[Table], table: Table, knob: str, space: Space, cases) -
 
     def matters(shape: Shape) -> bool:
         return not space.only_when.get(knob) or any(
-            all(value is None or isinstance(value, _Source) or any(same_value(value, a) for a in allowed)
-                for other, allowed in alternative.items()
+            all(admits(allowed, value) for other, allowed in alternative.items()
                 for value in [decider(tables, shape, other).entries.get(other)])
             for alternative in space.only_when[knob])
 

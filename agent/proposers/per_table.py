@@ -39,7 +39,7 @@ from agent.config import Task
 from agent.exceptions import LimitsExceeded
 from agent.ledger import ATTEMPT_ROW, parse_row
 from agent.proposers import IterationContext
-from agent.proposers.offline import Move, Shape, Table, _Source, find_tables, refused, render, single_moves
+from agent.proposers.offline import Move, Shape, Table, _Source, admits, find_tables, refused, render, single_moves
 from agent.proposers.space import Space, same_value
 from agent.tools import Tools
 
@@ -314,7 +314,7 @@ def jump_moves(table: Table, space: Space, general: Table, visited: list[frozens
         if any(held <= entries for entries in visited):
             continue
         after = {**general.entries, **table.entries, **to}
-        if not all(any(all(_holds(after.get(other), allowed) for other, allowed in alternative.items())
+        if not all(any(all(admits(allowed, after.get(other)) for other, allowed in alternative.items())
                        for alternative in space.only_when[knob]) for knob in to if space.only_when.get(knob)):
             continue
         differ = [(knob, value) for knob, value in to.items() if not same_value(table.entries[knob], value)]
@@ -323,11 +323,6 @@ def jump_moves(table: Table, space: Space, general: Table, visited: list[frozens
             found.append(Move(JUMP, table.name, knob, table.entries[knob], value,
                               f"jump to {_render(to)}: {reason}", table.label, tuple(also)))
     return found
-
-
-def _holds(value: object, allowed: list) -> bool:
-    """As ``decides`` reads an only_when alternative: an unset or computed value does not restrict; True is not 1."""
-    return value is None or isinstance(value, _Source) or any(same_value(value, a) for a in allowed)
 
 
 def _render(values: dict) -> str:
