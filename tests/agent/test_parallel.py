@@ -80,7 +80,10 @@ def test_two_workers_record_every_attempt_once_in_batches_of_two(toy: Path):
     assert "2 workers side by side" in report and "attempts per minute" in report, report[:2000]
     batch_s = sum(e["propose_s"] for e in found) + found[1]["batch_eval_s"] + found[3]["batch_eval_s"]
     assert f"| wall time | {batch_s / 60:.1f} min" in report
-    assert all(e["eval_s"] <= e["batch_eval_s"] + 0.01 for e in found)
+    for e in found:  # a worker's time is within its batch's, up to rounding: each stage, each sum, to 0.01 s
+        verdict = json.loads((toy / TASK / "versions" / e["version"] / "verdict.json").read_text())
+        roundings = len(verdict["stages"]) * (2 if verdict.get("beside_others") else 1) + 3
+        assert e["eval_s"] <= e["batch_eval_s"] + 0.005 * roundings + 1e-9, (e, verdict["stages"])
 
 
 def test_a_batch_killed_after_its_first_record_resumes_without_losing_or_repeating_one(toy: Path):
