@@ -154,6 +154,7 @@ def tamper_snapshot(task) -> dict[str, object]:
             "torch.cuda.Event": torch.cuda.Event, "torch.cuda.current_stream": torch.cuda.current_stream,
             "torch.cuda.Stream": torch.cuda.Stream, "torch.cuda.set_stream": torch.cuda.set_stream,
             "torch.empty": torch.empty, "gc.collect": gc.collect, "gc.disable": gc.disable, "gc.enable": gc.enable,
+            "gc.get_objects": gc.get_objects, "gc.freeze": gc.freeze, "gc.unfreeze": gc.unfreeze,
             **checks, "residency.measure": residency.measure, **graphs}
 
 

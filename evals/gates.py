@@ -555,21 +555,24 @@ def run_role(task: tasks.Task, solution_dir: Path | None, case, schedule: Schedu
         for name in TIMING_GATES:
             book.skip(name, "a timing gate: not run with --gates-only")
     role = Role(task, solution_dir, case, schedule, timing, info.device, book, record, yardstick, plan)
-    for step in (role.setup, role.gates_pass, role.timing_pass, role.close):
-        if step == role.timing_pass and (not timing or book.failed() or role.fn is None):
-            for name in TIMING_GATES if timing else ():  # cheap to expensive: a failed candidate is not timed
-                if book.gates[name]["status"] == "not_run":
-                    book.skip(name, f"not timed: hard gates failed first ({', '.join(book.failed()) or 'no build'})")
-            continue
-        try:
-            step()
-        except CANDIDATE_ERRORS as exc:  # the candidate's failure is a field of the record
-            if role.stage == "setup":
-                record["error"] = error_record(SETUP_STAGE, exc)
-                break
-            # build and fn must run without raising: an exception anywhere in the candidate's run fails the api gate
-            book.check("api", False, f"raised during {role.stage}: {type(exc).__name__}: {str(exc)[:500]}")
-            record["error"] = record["error"] or error_record(role.stage, exc)
+    with residency.quiet_heap():  # the residency checkpoints' scans and the protocol's resets skip the libraries
+        for step in (role.setup, role.gates_pass, role.timing_pass, role.close):
+            if step == role.timing_pass and (not timing or book.failed() or role.fn is None):
+                for name in TIMING_GATES if timing else ():  # cheap to expensive: a failed candidate is not timed
+                    if book.gates[name]["status"] == "not_run":
+                        book.skip(name, f"not timed: hard gates failed first "
+                                        f"({', '.join(book.failed()) or 'no build'})")
+                continue
+            try:
+                step()
+            except CANDIDATE_ERRORS as exc:  # the candidate's failure is a field of the record
+                if role.stage == "setup":
+                    record["error"] = error_record(SETUP_STAGE, exc)
+                    break
+                # build and fn must run without raising: an exception anywhere in the candidate's run fails the api
+                # gate
+                book.check("api", False, f"raised during {role.stage}: {type(exc).__name__}: {str(exc)[:500]}")
+                record["error"] = record["error"] or error_record(role.stage, exc)
     record["gates"] = book.gates
     record["wall_s"] = round(_perf_counter() - began, 3)
     return record

@@ -2,7 +2,7 @@
 residency stage.
 
     .venv/bin/python -m evals.residency [--task NAME|DIR] --solution DIR [--panel visible|smoke|FILE] [--calls N]
-                                        [--json OUT]
+                                        [--jobs N] [--json OUT]
 
 For each case, storage is measured after synchronize, ``gc.collect()`` and ``torch.cuda.empty_cache()`` as growth over
 the guard's own tensors, after build, after the first call and after the whole call schedule. The measuring is this
@@ -25,7 +25,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
+import subprocess
 import sys
+import tempfile
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -37,10 +43,12 @@ from evals.loader import load_solution, resolve_solution_dir, unload_solution
 from evals.selfcheck import CANDIDATE_ERRORS, error_record
 
 MIB = 1 << 20
+ROOT = Path(__file__).resolve().parent.parent
 FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 FLOATING_NAMES = frozenset(str(d).removeprefix("torch.") for d in FLOATING)
 INTEGER_NAMES = frozenset(("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "bool"))
 HALF_FLOAT_NAMES = frozenset(("float16", "bfloat16"))
+STORAGE_HOLDERS = (torch.Tensor, torch.TypedStorage, torch.UntypedStorage)
 ALLOCATOR_BLOCK = 512  # the CUDA caching allocator rounds every block up to this
 CALLS_CUDA = 16384 + 8192 + 11 * 512  # the verifier's calls per role (eager-groups)
 # graph-paired: a role's eager calls (its gates, the warm-ups and the captures; replays allocate nothing new), with room
@@ -67,11 +75,47 @@ def _dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+_frozen: list = []  # references to the tensors and storages that quiet_heap() took out of the collector's view
+
+
+def _held(obj):
+    try:
+        return weakref.ref(obj)
+    except TypeError:  # not weakly referable: held as long as the heap stays quiet (it existed before, and lives on)
+        return lambda: obj
+
+
+@contextmanager
+def quiet_heap():
+    """Inside: every object alive on entry (the libraries, the harness) sits in the collector's permanent generation
+    (``gc.freeze``), so ``settle``'s collection and ``live_storages``' scan visit only what was made since, which is
+    a few thousand objects instead of a few hundred thousand; the tensors and storages among the frozen are
+    remembered, and ``live_storages`` still reads them. Enter it before any candidate code is loaded: a frozen
+    object's garbage cycle is never collected until the exit (``gc.unfreeze``)."""
+    gc.collect()
+    _frozen.extend(_held(obj) for obj in gc.get_objects() if issubclass(type(obj), STORAGE_HOLDERS))
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        _frozen.clear()
+
+
+def _reachable():
+    yield from gc.get_objects()
+    for ref in _frozen:
+        obj = ref()
+        if obj is not None:
+            yield obj
+
+
 def live_storages(device: torch.device) -> dict[int, Storage]:
-    """Every storage on ``device`` that a Python object reaches, keyed by address. A storage seen through a tensor
-    takes that tensor's dtype; a floating view wins, so an integer view cannot hide a float buffer."""
+    """Every storage on ``device`` that a Python object reaches, keyed by address (frozen objects included: see
+    quiet_heap). A storage seen through a tensor takes that tensor's dtype; a floating view wins, so an integer view
+    cannot hide a float buffer."""
     found: dict[int, Storage] = {}
-    for obj in gc.get_objects():
+    for obj in _reachable():
         kind = type(obj)
         try:
             if issubclass(kind, torch.Tensor):
@@ -223,7 +267,10 @@ def warm_libraries(device: torch.device) -> None:
         (a @ a).sum().item()
 
 
-def run(solution: Path, panel: str, calls: int | None = None, log=print, task: tasks.Task | None = None) -> dict:
+def run(solution: Path, panel: str, calls: int | None = None, log=print, task: tasks.Task | None = None,
+        jobs: int = 1) -> dict:
+    """Every case of ``panel`` guarded, in this process or (``jobs`` > 1) split over that many processes, at most
+    one a core."""
     task = task or tasks.load()
     require_residency(task)  # before anything runs
     info = kh.select_device()
@@ -232,31 +279,74 @@ def run(solution: Path, panel: str, calls: int | None = None, log=print, task: t
         log("residency on CPU: storage is counted from the tensors and storages Python can reach "
             "(no allocator count to cross-check, so memory held only inside C++ is not seen)")
     calls = calls or default_calls(task, info.interpreted)
-    warm_libraries(info.device)
-    cases = []
-    for case in task.cases(panel):
-        result = guard_case(task, solution, case, info.device, calls)
-        cases.append(result)
-        log(format_case(result, allowance_for(task, case)))
+    cases = task.cases(panel)
+    jobs = max(1, min(jobs, len(cases), os.cpu_count() or 1))
+    if jobs > 1:
+        log(f"{len(cases)} cases over {jobs} processes, each a guard of its own (its own allocator count)")
+        records = run_shards(task, solution, cases, calls, jobs)
+        for case, record in zip(cases, records):
+            log(format_case(record, allowance_for(task, case)))
+    else:
+        warm_libraries(info.device)
+        records = []
+        with quiet_heap():
+            for case in cases:
+                records.append(guard_case(task, solution, case, info.device, calls).to_dict())
+                log(format_case(records[-1], allowance_for(task, case)))
     return {"task": task.name, "solution": str(solution), "panel": str(panel), "device": info.name, "calls": calls,
-            "ok": all(c.ok for c in cases), "cases": [c.to_dict() for c in cases]}
+            "jobs": jobs, "ok": all(record["ok"] for record in records), "cases": records}
 
 
-def format_case(result: CaseResidency, allowance=None) -> str:
-    head = f"{result.case['name']:<26} {'ok' if result.ok else 'FAIL'}"
-    lines = [head]
-    for point in result.checkpoints:
-        dtypes = (", ".join(f"{name} {nbytes / MIB:.2f}" for name, nbytes in sorted(point.by_dtype.items()))
+def run_shards(task: tasks.Task, solution: Path, cases: list, calls: int, jobs: int) -> list[dict]:
+    """The cases dealt round-robin to ``jobs`` processes of this module, their records back in panel order. Each
+    process measures only its own cases, against its own allocator, so the split changes no figure; a process that
+    ends without a report fails its cases."""
+    shards = [cases[i::jobs] for i in range(jobs)]
+    with tempfile.TemporaryDirectory(prefix="kloop-residency-") as scratch:
+        with ThreadPoolExecutor(jobs) as pool:
+            found = list(pool.map(lambda i: run_shard(task, solution, shards[i], calls, Path(scratch) / f"shard-{i}"),
+                                  range(jobs)))
+    records: list[dict] = [{}] * len(cases)
+    for i, shard in enumerate(found):
+        for j, record in enumerate(shard):
+            records[i + j * jobs] = record
+    return records
+
+
+def run_shard(task: tasks.Task, solution: Path, cases: list, calls: int, base: Path) -> list[dict]:
+    panel, out = base.with_suffix(".panel.json"), base.with_suffix(".json")
+    panel.write_text(json.dumps({"cases": [asdict(case) for case in cases]}))
+    command = [sys.executable, "-m", "evals.residency", "--task", str(task.folder), "--solution", str(solution),
+               "--panel", str(panel), "--calls", str(calls), "--json", str(out)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    try:
+        records = json.loads(out.read_text())["cases"]
+        if [record["case"] for record in records] == [kh.case_dict(case) for case in cases]:
+            return records
+        failure = "its report does not hold its cases"
+    except (OSError, ValueError, KeyError, TypeError):
+        failure = f"exit status {done.returncode} without a report; stderr: {done.stderr[-1500:]}"
+    error = {"stage": "guard process", "name": "GuardProcessFailed", "message": failure}
+    return [CaseResidency(case=kh.case_dict(case), calls=calls, error=error).to_dict() for case in cases]
+
+
+def format_case(record: dict, allowance=None) -> str:
+    """A case's record (``CaseResidency.to_dict``) as the guard prints it, with the figures ``allowance`` quotes."""
+    lines = [f"{record['case']['name']:<26} {'ok' if record['ok'] else 'FAIL'}"]
+    for point in record["checkpoints"]:
+        dtypes = (", ".join(f"{name} {nbytes / MIB:.2f}" for name, nbytes in sorted(point["by_dtype"].items()))
                   or "nothing new")
-        figures = "".join(f", {name.removesuffix('_bytes')} {value / MIB:8.2f} MiB"
-                          for name, value in point.quoted(allowance).items())
-        lines.append(f"    after {point.name:<14} total {point.total_bytes / MIB:9.2f} MiB{figures} "
-                     f"[{dtypes}{' MiB' if point.by_dtype else ''}]"
-                     + (f", unattributed {point.unattributed_bytes / MIB:.2f} MiB" if point.unattributed_bytes
-                        else ""))
-        lines += [f"      violated {v['rule']}: {v['message']}" for v in point.violations]
-    if result.error:
-        lines.append(f"    error in {result.error['stage']}: {result.error['name']}: {result.error['message']}")
+        figures = "".join(f", {name.removesuffix('_bytes')} {point[name] / MIB:8.2f} MiB"
+                          for name in getattr(allowance, "quoted", ()) if name in point)
+        lines.append(f"    after {point['name']:<14} total {point['total_bytes'] / MIB:9.2f} MiB{figures} "
+                     f"[{dtypes}{' MiB' if point['by_dtype'] else ''}]"
+                     + (f", unattributed {point['unattributed_bytes'] / MIB:.2f} MiB"
+                        if point["unattributed_bytes"] else ""))
+        lines += [f"      violated {v['rule']}: {v['message']}" for v in point["violations"]]
+    if record["error"]:
+        error = record["error"]
+        lines.append(f"    error in {error['stage']}: {error['name']}: {error['message']}")
     return "\n".join(lines)
 
 
@@ -268,16 +358,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, help=f"calls before the last checkpoint (default on CUDA {CALLS_CUDA}, "
                                                   f"the verifier's per role, or {CALLS_GRAPH} for a graph-paired task; "
                                                   f"{CALLS_INTERPRETED} under the interpreter)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="guard the cases in this many processes at once, at most one a core (default 1)")
     parser.add_argument("--json", help="write the full report here")
     args = parser.parse_args(argv)
     if args.calls is not None and args.calls < 1:
         parser.error("--calls must be at least 1")
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
     try:
         task = tasks.load(args.task)
         require_residency(task)  # before the solution's path is checked
         solution = resolve_solution_dir(args.solution or task.main_dir)
         report = run(solution, args.panel or kh.default_panel(), args.calls, log=lambda line: print(line, flush=True),
-                     task=task)
+                     task=task, jobs=args.jobs)
     except (FileNotFoundError, ValueError, kh.SetupError) as exc:  # TaskError is a ValueError
         print(f"residency: {exc}", file=sys.stderr)
         return 2

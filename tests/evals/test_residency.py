@@ -1,4 +1,5 @@
 """The residency guard on CPU (accounting by enumeration), as a real subprocess over real solutions."""
+import gc
 import json
 import subprocess
 import sys
@@ -6,7 +7,8 @@ import sys
 import pytest
 import torch
 
-from evals.residency import MIB, Checkpoint, Storage, live_storages
+from evals import residency
+from evals.residency import MIB, Checkpoint, Storage, live_storages, quiet_heap, run_shard, settle
 from evals.task import load
 from tests.conftest import ROOT
 
@@ -14,10 +16,11 @@ CASE = ("balanced", 19, 512, 256, "silu", 3)
 w4 = load("w4a16").adapter
 
 
-def guard(solution, panel, tmp_path, calls=8, task=None):
-    out = tmp_path / "residency.json"
+def guard(solution, panel, tmp_path, calls=8, task=None, jobs=1):
+    out = tmp_path / f"residency-{jobs}.json"
     run = subprocess.run([sys.executable, "-m", "evals.residency", "--solution", str(solution), "--panel", str(panel),
-                          "--calls", str(calls), "--json", str(out)] + (["--task", str(task)] if task else []),
+                          "--calls", str(calls), "--json", str(out), "--jobs", str(jobs)]
+                         + (["--task", str(task)] if task else []),
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     return run, (json.loads(out.read_text()) if out.exists() else None)
 
@@ -97,3 +100,48 @@ def test_the_guards_default_calls_follow_the_tasks_protocol():
     assert eager == residency.CALLS_CUDA == 16384 + 8192 + 11 * 512
     assert residency.default_calls(tasks.load("llgemm"), interpreted=False) == residency.CALLS_GRAPH
     assert residency.default_calls(tasks.load("llgemm"), interpreted=True) == residency.CALLS_INTERPRETED
+
+
+@pytest.mark.parametrize("solution", ["keep_dense_fp16", "honest_torch"])
+def test_the_guard_split_over_processes_records_what_one_process_records(solution, tmp_path, panel_file,
+                                                                         redteam_solution):
+    """Each process guards its own cases against its own count, so the split changes no figure, no verdict and no
+    order."""
+    panel = panel_file(CASE, ("expert-batch", 5, 128, 256, "gelu_tanh", 4), ("balanced", 3, 256, 256, "silu", 5))
+    directory = redteam_solution(solution)
+    (one, alone), (two, split) = (guard(directory, panel, tmp_path, jobs=jobs) for jobs in (1, 2))
+    assert one.returncode == two.returncode == (1 if solution.startswith("keep") else 0), two.stdout + two.stderr
+    assert (alone["jobs"], split["jobs"]) == (1, 2)
+    assert split["cases"] == alone["cases"] and split["ok"] == alone["ok"]
+    header = "3 cases over 2 processes, each a guard of its own (its own allocator count)\n"
+    assert header in two.stdout and two.stdout.replace(header, "") == one.stdout
+
+
+def test_a_guard_process_that_ends_without_a_report_fails_its_cases(tmp_path):
+    task = load("w4a16")
+    cases = [task.adapter.Case(*CASE)]
+    records = run_shard(task, tmp_path / "no-such-solution", cases, 8, tmp_path / "shard-0")
+    assert [r["ok"] for r in records] == [False] and records[0]["checkpoints"] == []
+    assert records[0]["error"]["name"] == "GuardProcessFailed"
+    assert "exit status 2 without a report" in records[0]["error"]["message"]
+    assert "no-such-solution" in records[0]["error"]["message"], records[0]["error"]
+
+
+def test_a_quiet_heap_still_sees_every_storage_and_collects_what_is_made_in_it():
+    """Objects alive on entry leave the collector's view, not the guard's: a tensor made before and grown inside
+    counts at its new size; a cycle made inside and dropped is collected by settle."""
+    before = torch.zeros(16)
+    cpu = torch.device("cpu")
+    with quiet_heap():
+        assert gc.get_freeze_count() > 0 and len(gc.get_objects()) < 10_000
+        before.resize_(1 << 16)  # a new storage under an object that was frozen
+        made = torch.ones(8)
+        cycle = [torch.ones(1 << 12)]
+        cycle.append(cycle)
+        dropped = cycle[0].data_ptr()
+        del cycle
+        settle(cpu)
+        found = live_storages(cpu)
+        assert found[before.data_ptr()].nbytes == 4 << 16 and found[made.data_ptr()].nbytes == 32
+        assert dropped not in found or found[dropped].nbytes != 4 << 12
+    assert gc.get_freeze_count() == 0 and residency._frozen == []
