@@ -36,7 +36,7 @@ its role gates are skipped and policy is the failed gate.
 ``--gates-only`` runs the candidate role alone, every gate but the timing ones (even when the policy failed: the
 role's dynamic evidence shows what the code does); without CUDA on CPU tensors under the Triton interpreter,
 skipping only the CUDA-only gates and saying why (exit 0 when no gate failed). Nothing is timed there, so
-``--jobs N`` checks N cases at once, each still in its own process.
+``--jobs N`` checks N cases at once (at most one a core), each still in its own process.
 A case the verifier itself cannot set up (a seed whose construction the task's adapter cannot complete) fails the
 case_setup gate with the verifier's message; that is a panel problem to re-draw, not a failure of the candidate.
 A hidden ``--schedule smoke`` shrinks the schedule so that CPU tests of the whole pipeline finish; it never scores.
@@ -310,8 +310,8 @@ def judge(task: tasks.Task, solution: Path, panel: str, baseline: Path | None, g
           log=print, jobs: int = 1, progress=None) -> dict:
     """Every case's roles, one process each, against ``baseline`` (a solution directory; None: the task's callable
     baseline). Timed roles always run one at a time; with ``gates_only`` (nothing is timed) up to ``jobs`` cases run
-    at once. ``progress(report)``, if given, receives the report so far after each case (``partial``: True, never
-    valid), so that a run stopped early leaves the cases it judged."""
+    at once, at most one a core. ``progress(report)``, if given, receives the report so far after each case
+    (``partial``: True, never valid), so that a run stopped early leaves the cases it judged."""
     info = kh.select_device()
     cases = task.cases(panel)
     policy = policy_gate(solution)
@@ -323,11 +323,14 @@ def judge(task: tasks.Task, solution: Path, panel: str, baseline: Path | None, g
             "baseline": solution_label(task, baseline),
             "panel": str(panel), "device": info.name, **provenance(), "mode": "gates-only" if gates_only else "full",
             "schedule": schedule, "timing": task.manifest["timing"]}
+    jobs = max(1, min(jobs, len(cases), os.cpu_count() or 1)) if gates_only else 1
+    if gates_only:
+        head["jobs"] = jobs
     judged = []
     with tempfile.TemporaryDirectory(prefix="kloop-verifier-") as scratch:
         untimed = []  # by position: two cases of a panel may share a name (same shape, other seeds)
         if gates_only:
-            with ThreadPoolExecutor(max(1, jobs)) as pool:
+            with ThreadPoolExecutor(jobs) as pool:
                 untimed = list(pool.map(lambda c: run_role_process(task, solution, c, schedule, False, Path(scratch)),
                                         cases))
         for position, case in enumerate(cases):
@@ -482,7 +485,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the full report here (after each case while it runs)")
     parser.add_argument("--gates-only", action="store_true", help="every hard gate but the timing ones, quickly")
     parser.add_argument("--jobs", type=int, default=1,
-                        help="with --gates-only: cases checked at once, each in its own process (default 1)")
+                        help="with --gates-only: cases checked at once, each in its own process, at most one a "
+                             "core (default 1)")
     parser.add_argument("--schedule", choices=tuple(gates.SCHEDULES), default="spec", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
