@@ -51,8 +51,8 @@ test-gpu: ## GPU tests (pytest mark gpu); run on a CUDA machine
 selfcheck: ## correctness, latency and speedup over the baseline: [TASK=] [SOLUTION=main] PANEL=visible|smoke|FILE JSON=out.json
 	$(PY) -m evals.selfcheck $(T) $(S) $(P) $(if $(JSON),--json $(JSON))
 
-guard: ## the residency contract at its three checkpoints (tasks that declare one): [TASK=] [SOLUTION=] PANEL=visible JOBS=1
-	$(PY) -m evals.residency $(T) $(S) $(P) $(if $(JOBS),--jobs $(JOBS)) $(if $(JSON),--json $(JSON))
+guard: ## the residency contract at its three checkpoints (tasks that declare one): [TASK=] [SOLUTION=] PANEL=visible GUARD_JOBS=1
+	$(PY) -m evals.residency $(T) $(S) $(P) $(if $(GUARD_JOBS),--jobs $(GUARD_JOBS)) $(if $(JSON),--json $(JSON))
 
 verify: ## the sealed judge, 3 roles per case: [TASK=] [SOLUTION=] PANEL=~/.kloop/panels/sealed-1.json [JSON=]
 	$(PY) -m evals.verifier $(T) $(S) $(P) $(if $(JSON),--json $(JSON))

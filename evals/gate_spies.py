@@ -155,7 +155,8 @@ def tamper_snapshot(task) -> dict[str, object]:
             "torch.cuda.Stream": torch.cuda.Stream, "torch.cuda.set_stream": torch.cuda.set_stream,
             "torch.empty": torch.empty, "gc.collect": gc.collect, "gc.disable": gc.disable, "gc.enable": gc.enable,
             "gc.get_objects": gc.get_objects, "gc.freeze": gc.freeze, "gc.unfreeze": gc.unfreeze,
-            **checks, "residency.measure": residency.measure, **graphs}
+            **checks, "residency.measure": residency.measure,
+            "residency.live_storages": residency.live_storages, **graphs}
 
 
 # ----------------------------------------------------------------------------------------------------- output audits

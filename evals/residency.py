@@ -76,12 +76,13 @@ def _dtype_name(dtype) -> str:
 
 
 _frozen: list = []  # references to the tensors and storages that quiet_heap() took out of the collector's view
+_quiet = {"count": None}  # gc.get_freeze_count() as quiet_heap() left it; None outside
 
 
 def _held(obj):
     try:
         return weakref.ref(obj)
-    except TypeError:  # not weakly referable: held as long as the heap stays quiet (it existed before, and lives on)
+    except TypeError:  # not weakly referable: this closure keeps it alive until quiet_heap() exits
         return lambda: obj
 
 
@@ -90,19 +91,29 @@ def quiet_heap():
     """Inside: every object alive on entry (the libraries, the harness) sits in the collector's permanent generation
     (``gc.freeze``), so ``settle``'s collection and ``live_storages``' scan visit only what was made since, which is
     a few thousand objects instead of a few hundred thousand; the tensors and storages among the frozen are
-    remembered, and ``live_storages`` still reads them. Enter it before any candidate code is loaded: a frozen
-    object's garbage cycle is never collected until the exit (``gc.unfreeze``)."""
+    remembered, and ``live_storages`` still reads them. Enter it before any candidate code is loaded and where no
+    other thread makes objects; a frozen object's garbage cycle is never collected until the exit (``gc.unfreeze``).
+    Inside one already, it does nothing more."""
+    if _quiet["count"] is not None:
+        yield
+        return
     gc.collect()
     _frozen.extend(_held(obj) for obj in gc.get_objects() if issubclass(type(obj), STORAGE_HOLDERS))
     gc.freeze()
+    _quiet["count"] = gc.get_freeze_count()
     try:
         yield
     finally:
         gc.unfreeze()
         _frozen.clear()
+        _quiet["count"] = None
 
 
 def _reachable():
+    """Every object the collector tracks. Where anything but quiet_heap() froze objects since (nothing an honest
+    candidate can do), all are first made visible again."""
+    if _quiet["count"] is not None and gc.get_freeze_count() != _quiet["count"]:
+        gc.unfreeze()
     yield from gc.get_objects()
     for ref in _frozen:
         obj = ref()
@@ -280,7 +291,7 @@ def run(solution: Path, panel: str, calls: int | None = None, log=print, task: t
             "(no allocator count to cross-check, so memory held only inside C++ is not seen)")
     calls = calls or default_calls(task, info.interpreted)
     cases = task.cases(panel)
-    jobs = max(1, min(jobs, len(cases), os.cpu_count() or 1))
+    jobs = max(1, min(jobs, len(cases), len(os.sched_getaffinity(0))))
     if jobs > 1:
         log(f"{len(cases)} cases over {jobs} processes, each a guard of its own (its own allocator count)")
         records = run_shards(task, solution, cases, calls, jobs)
@@ -299,8 +310,8 @@ def run(solution: Path, panel: str, calls: int | None = None, log=print, task: t
 
 def run_shards(task: tasks.Task, solution: Path, cases: list, calls: int, jobs: int) -> list[dict]:
     """The cases dealt round-robin to ``jobs`` processes of this module, their records back in panel order. Each
-    process measures only its own cases, against its own allocator, so the split changes no figure; a process that
-    ends without a report fails its cases."""
+    process measures only its own cases, each against what its process held before it, by its own allocator count;
+    a process that ends without a report fails its cases."""
     shards = [cases[i::jobs] for i in range(jobs)]
     with tempfile.TemporaryDirectory(prefix="kloop-residency-") as scratch:
         with ThreadPoolExecutor(jobs) as pool:
@@ -318,15 +329,18 @@ def run_shard(task: tasks.Task, solution: Path, cases: list, calls: int, base: P
     panel.write_text(json.dumps({"cases": [asdict(case) for case in cases]}))
     command = [sys.executable, "-m", "evals.residency", "--task", str(task.folder), "--solution", str(solution),
                "--panel", str(panel), "--calls", str(calls), "--json", str(out)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               KLOOP_GUARD_PID=str(os.getpid()))
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    last = (done.stderr.strip().splitlines() or ["(no stderr)"])[-1][:300]
     try:
         records = json.loads(out.read_text())["cases"]
         if [record["case"] for record in records] == [kh.case_dict(case) for case in cases]:
             return records
-        failure = "its report does not hold its cases"
+        failure = f"exit status {done.returncode}, a report that does not hold its cases; stderr's last line: {last}"
     except (OSError, ValueError, KeyError, TypeError):
-        failure = f"exit status {done.returncode} without a report; stderr: {done.stderr[-1500:]}"
+        failure = (f"exit status {done.returncode} without a report; stderr's last line: {last}; before it: "
+                   f"{done.stderr[-1500:]}")
     error = {"stage": "guard process", "name": "GuardProcessFailed", "message": failure}
     return [CaseResidency(case=kh.case_dict(case), calls=calls, error=error).to_dict() for case in cases]
 
@@ -362,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="guard the cases in this many processes at once, at most one a core (default 1)")
     parser.add_argument("--json", help="write the full report here")
     args = parser.parse_args(argv)
+    from evals.gate_spies import die_with_parent  # gate_spies imports this module
+    die_with_parent(os.environ.get("KLOOP_GUARD_PID"))  # a guard process of a split run goes with its parent
     if args.calls is not None and args.calls < 1:
         parser.error("--calls must be at least 1")
     if args.jobs < 1:

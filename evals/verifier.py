@@ -323,7 +323,7 @@ def judge(task: tasks.Task, solution: Path, panel: str, baseline: Path | None, g
             "baseline": solution_label(task, baseline),
             "panel": str(panel), "device": info.name, **provenance(), "mode": "gates-only" if gates_only else "full",
             "schedule": schedule, "timing": task.manifest["timing"]}
-    jobs = max(1, min(jobs, len(cases), os.cpu_count() or 1)) if gates_only else 1
+    jobs = max(1, min(jobs, len(cases), len(os.sched_getaffinity(0)))) if gates_only else 1
     if gates_only:
         head["jobs"] = jobs
     judged = []

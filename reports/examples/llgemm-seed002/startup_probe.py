@@ -28,8 +28,9 @@ def main() -> None:
                                      text=True) for _ in range(count)]
         done = [child.communicate() for child in children]
         wall = time.perf_counter() - began
-        if any(child.returncode for child in children):
-            sys.exit("startup_probe needs a CUDA device; a child failed: " + done[0][1].strip()[-500:])
+        failed = [err for child, (_, err) in zip(children, done) if child.returncode]
+        if failed:
+            sys.exit("startup_probe needs a CUDA device; a child failed: " + failed[0].strip()[-500:])
         found = [tuple(map(float, out.split())) for out, _ in done]
         imports, cuda = zip(*found)
         print(f"{count:2d} processes at once: {wall:6.2f} s wall; import torch+triton median "
