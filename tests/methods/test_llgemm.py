@@ -19,7 +19,7 @@ import torch
 from evals import task as tasks
 
 ROOT = Path(__file__).resolve().parents[2]  # not tests.conftest's: it sets TRITON_INTERPRET, which fence_order avoids
-FAMILY = ROOT / "tasks" / "llgemm" / "versions" / "v10" / "solution.py"
+FAMILY = ROOT / "tasks" / "llgemm" / "versions" / "v11" / "solution.py"
 TASK = tasks.load("llgemm")
 ADAPTER = TASK.adapter
 
@@ -171,16 +171,26 @@ def fence_order() -> list[dict]:
         counters = [i for i, line in enumerate(lines) if "atom.global" in line and ".add.u32" in line]
         fences = [i for i, line in enumerate(lines) if "fence.sc.gpu" in line]
         reads = [i for i, line in enumerate(lines) if "ld.global.cg" in line]
+        # the workspace's zeroing: the stores of the register the counter's reset writes (zero)
+        resets = (re.search(r"atom\.global\S*\.exch\.b32 .*, (%r\d+);", line) for line in lines)
+        reset = next((m.group(1) for m in resets if m), None)
+        zeroing = [i for i, line in enumerate(lines) if reads and reset and i > min(reads)
+                   and re.search(r"st\.global\S* \[.*\], \{ " + reset + r"\b", line)]
+        barriers = [i for i, line in enumerate(lines) if "bar.sync" in line]
         found.append({"mma": mma, "adds": bool(adds and counters and reads),
                       "fenced_adds": bool(adds and counters) and any(max(adds) < f < min(counters) for f in fences),
-                      "fenced_reads": bool(counters and reads) and any(max(counters) < f < min(reads) for f in fences)})
+                      "fenced_reads": bool(counters and reads) and any(max(counters) < f < min(reads) for f in fences),
+                      "zeroed_after_barrier": bool(reads and zeroing)
+                      and any(max(reads) < b < min(zeroing) for b in barriers)})
     return found
 
 
 def test_the_split_reduction_fences_its_adds_in_the_sm90_code():
-    """Compiled for sm90 (no GPU needed), in a process without the interpreter."""
+    """Compiled for sm90 (no GPU needed), in a process without the interpreter. The last share zeroes the workspace
+    only after a barrier: the zeros go out in the store's layout, by threads other than the ones that read."""
     found = in_compiler("fence_order()")
-    assert len(found) == 2 and all(f["adds"] and f["fenced_adds"] and f["fenced_reads"] for f in found), found
+    assert len(found) == 2 and all(f["adds"] and f["fenced_adds"] and f["fenced_reads"] and f["zeroed_after_barrier"]
+                                   for f in found), found
 
 
 @pytest.mark.gpu
