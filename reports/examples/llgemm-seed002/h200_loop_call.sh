@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One H200 call: the loop on llgemm (offline, visible panel, time-limited) from FROM (default v33: the loop's best on the fenced split-K,
-# the GEMV path and its jumps), ITERS attempts (default 20), then its records back in $OUT.
+# One H200 call: the loop on llgemm (offline, visible panel, time-limited) from FROM (default v33: the loop's best so
+# far, on v11's fenced split-K, GEMV path and jumps), ITERS attempts (default 20), then its records back in $OUT.
 source "$(dirname "$0")/device_env.sh" || exit 1
 # PROBE=1: first, what each fresh evaluator process costs on this host (~20 s)
 [ -z "$PROBE" ] || python3 "$(dirname "$0")/startup_probe.py" 2>&1 | tee $OUT/startup.txt
