@@ -14,7 +14,8 @@ cases it holds, and attempts are of two kinds:
 - a **merge** gives every table its incumbent and moves nothing: only measured wins, so the loop's keep rule (faster
   than the best beyond noise, both timed in one process) keeps it once the wins add up past the noise. A merge comes
   when the incumbents' numbers put the score ``MERGE_GAIN`` over the best's, or after ``MERGE_AFTER`` steps from the
-  best, or in the run's last iteration; otherwise another step.
+  best once they put it ``MERGE_FLOOR`` over, or in the run's last iteration (``iters``; a run stopped by its time
+  limit has none); otherwise another step.
 
 A table's move wins, and becomes its incumbent, when every panel case the table holds ran at least ``1 + MARGIN``
 times faster than under its incumbent (speedups against the task's baseline, which each attempt measures paired in
@@ -53,6 +54,11 @@ noise cannot hide."""
 MERGE_AFTER = 3
 """Else after this many steps from the best: a step costs one selfcheck, a merge also the time against the best and
 the task's checks, several times as long (reports/examples/llgemm-seed002), so smaller wins gather first."""
+MERGE_FLOOR = 1.05
+"""...and only once the incumbents' numbers put the score this far over the best's: timed against the best, a merge
+came out 0.6-4% under its estimate (each incumbent is the best of noisy tries) and the keep rule asks 1 + noise (2-3%
+on the H200): every merge estimated under 1.04 was reverted there, every one over 1.06 kept
+(reports/examples/llgemm-seed002)."""
 FALLBACK = "FALLBACK"
 JUMP = (0, 0, -1, 0)  # a jump's Move.rank: jumps come in the space's order, before a table's one-knob moves
 SHOWN = 6  # changes a summary names before "and N more"
@@ -332,9 +338,9 @@ def _render(values: dict) -> str:
 def iterate(context: IterationContext, tools: Tools, source: str, tables: list[Table], space: Space,
             known) -> None:
     """One per-table attempt: a merge when some incumbent differs from the best and the incumbents' numbers put the
-    score MERGE_GAIN over the best's, or MERGE_AFTER steps have been made from the best, or in the run's last
-    iteration; else a step. ``known(proposal)`` says whether the ledger holds that solution already. Ends in
-    ``tools.submit``, or LimitsExceeded when no table has a move left."""
+    score MERGE_GAIN over the best's, or MERGE_FLOOR over it once MERGE_AFTER steps have been made from the best, or
+    in the run's last iteration; else a step. ``known(proposal)`` says whether the ledger holds that solution already.
+    Ends in ``tools.submit``, or LimitsExceeded when no table has a move left."""
     task = tools.task
     history = History(tools, task, gpu=not (context.profile or {}).get("interpreted", True))
     shapes = panel_shapes(context.profile, task)
@@ -355,7 +361,7 @@ def iterate(context: IterationContext, tools: Tools, source: str, tables: list[T
         if row.get("parent") == context.best:
             since = since + 1 if row.get("summary / hypothesis", "").startswith(STEP) else 0
     gain = estimated_gain(tables, found, shapes, best) if pending else 1.0
-    if pending and (final or since >= MERGE_AFTER or gain >= MERGE_GAIN) or final:
+    if pending and (final or since >= MERGE_AFTER and gain >= MERGE_FLOOR or gain >= MERGE_GAIN) or final:
         switched = losing(tables, found, space) if final else []
         moved = pending + [Change(name, FALLBACK, False, True) for name in switched]
         if moved:

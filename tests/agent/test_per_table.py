@@ -115,8 +115,9 @@ def test_steps_and_merges_alternate_and_credit_each_table_by_its_own_cases(tools
 
 def test_small_wins_gather_over_steps_before_a_merge(tools):  # noqa: F811
     """Wins too small to show past the keep rule's noise stay as incumbents through further steps (each table going on
-    from its own incumbent) until MERGE_AFTER steps from the best; then one merge holds them all."""
-    from agent.proposers.per_table import MERGE_AFTER
+    from its own incumbent) until MERGE_AFTER steps from the best have put the estimate MERGE_FLOOR over the best's;
+    then one merge holds them all."""
+    from agent.proposers.per_table import MERGE_AFTER, MERGE_FLOOR, MERGE_GAIN
 
     tools.task = replace(tools.task, **FACTS)
     start = {"a": 1.0, "b": 1.0, "c": 1.0}
@@ -125,12 +126,34 @@ def test_small_wins_gather_over_steps_before_a_merge(tools):  # noqa: F811
     for i in range(MERGE_AFTER):
         proposal, submitted = propose(tools, SOURCE, start, last=f"v{i + 1}" if i else None)
         assert submitted.summary.startswith("per-table step"), (i, submitted.summary)
-        numbers["a"] *= 1 + 1.5 * MARGIN  # TIERS[0] wins a little each time; the others never
+        numbers["a"] *= 1 + 3 * MARGIN  # TIERS[0] wins each time; the others never
         record(tools, f"v{i + 2}", "v1", proposal, submitted.summary, "revert (~0.99x best)", numbers)
+    assert MERGE_FLOOR <= 2 / (1 / numbers["a"] ** 0.5 + 1) < MERGE_GAIN  # m1's geomean of a and c, then m2's 1.0
     merged, submitted = propose(tools, SOURCE, start, last=f"v{MERGE_AFTER + 1}")
     # BLOCK won first; at its end (64) the table went on to SPLIT, which won, and on along it (momentum)
     assert submitted.summary == "per-table merge: 1 table(s): TIERS[0] BLOCK 32->64, TIERS[0] SPLIT 1->4"
     assert [(e["BLOCK"], e["SPLIT"]) for e in entries(merged, tools.task)] == [(64, 4), (32, 1), (32, 1)]
+
+
+def test_no_merge_after_the_steps_while_the_estimate_is_under_the_floor(tools):  # noqa: F811
+    """MERGE_AFTER steps from the best whose wins put the estimate under MERGE_FLOOR: the keep rule's noise would hide
+    such a merge, so the next attempt is another step (the wins stay incumbents)."""
+    from agent.proposers.per_table import MERGE_AFTER, MERGE_FLOOR
+
+    tools.task = replace(tools.task, **FACTS)
+    start = {"a": 1.0, "b": 1.0, "c": 1.0}
+    record(tools, "v1", "v0", SOURCE, "start", "keep")
+    numbers = dict(start)
+    for i in range(MERGE_AFTER):
+        proposal, submitted = propose(tools, SOURCE, start, last=f"v{i + 1}" if i else None)
+        numbers["a"] *= 1 + 1.5 * MARGIN
+        record(tools, f"v{i + 2}", "v1", proposal, submitted.summary, "revert (~0.99x best)", numbers)
+    assert 1 < 2 / (1 / numbers["a"] ** 0.5 + 1) < MERGE_FLOOR
+    _, submitted = propose(tools, SOURCE, start, last=f"v{MERGE_AFTER + 1}")
+    assert submitted.summary.startswith("per-table step"), submitted.summary
+    # the run's last iteration merges whatever won
+    _, submitted = propose(tools, SOURCE, start, last=f"v{MERGE_AFTER + 1}", iteration=20, iters=20)
+    assert submitted.summary.startswith("per-table merge: 1 table(s): TIERS[0]"), submitted.summary
 
 
 @pytest.mark.parametrize("trusted", [{"correct": False}, {"gpu": False}], ids=["a-wrong-case", "interpreter-timed"])
