@@ -4,7 +4,8 @@ makes the tables). Per panel point, F.linear and each plan are timed hot (a grap
 pairs, and each plan's output is checked against the oracle once. One JSON line per (point, plan) on stdout.
 
     python3 reports/examples/llgemm-seed002/sweep_gemv.py > sweep.jsonl     (repository root, on a GPU)
-    FAMILY=tasks/llgemm/versions/vN/solution.py BUDGET=230 (seconds; it stops between points past it)
+    FAMILY=tasks/llgemm/versions/vN/solution.py (default v35), BUDGET=seconds (default 200; it stops between
+    points past it; the recorded run had 230)
 """
 import importlib.util
 import json
@@ -61,7 +62,7 @@ def main() -> None:
         if time.time() - began > BUDGET:
             print(json.dumps({"stopped": "budget", "at": [m, n, k]}), flush=True)
             break
-        case = A.Case("m1", m, n, k, seed=11)
+        case = A.Case(f"m{m}", m, n, k, seed=11)
         problem = A.generate(case, "normal", device)
         weight = problem.weights["weight"]
         calls = [problem.inputs] + A.make_inputs(case, 7, seed=5, device=device)
