@@ -9,12 +9,28 @@ import os
 import time
 import warnings
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
 
 # the evaluator's clocks, taken before any solution is imported, so that a patched timer cannot reach them
 _perf_counter, _Event = time.perf_counter, torch.cuda.Event
+ROOT = Path(__file__).resolve().parent.parent  # the repository: its evals package is the one child processes import
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of an evaluator child process (``python -m evals.<module>``): this one's with the repository
+    first on PYTHONPATH, so that the child imports these evals wherever it runs, and ``extra`` (such as the parent's
+    pid for ``gate_spies.die_with_parent``)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                **extra)
+
+
+def usable_jobs(jobs: int, count: int) -> int:
+    """How many processes run ``count`` independent jobs when ``jobs`` were asked for: at least one, at most one a job
+    and one a core this process may use (two on one core would time each other's work)."""
+    return max(1, min(jobs, count, len(os.sched_getaffinity(0))))
 
 
 @dataclass

@@ -41,7 +41,6 @@ from evals import kernel_harness as kh
 from evals import task as tasks
 from evals.stability import DISPERSION_LIMIT as LIMIT  # a role's max/min over it fails a verifier case
 
-ROOT = Path(__file__).resolve().parent.parent
 MARGIN = 1.10  # what calibration asks of every vector above its threshold
 SCHEDULES = ("spec", "spec-unpinned", "spec-thread-pinned")
 CHILD_TIMEOUT_S = 1800
@@ -168,8 +167,7 @@ def time_synthetic(task: tasks.Task, spin_us: float, schedule, device, repeats: 
 def run_child(args: list[str], schedule: str, scratch: Path) -> list[dict]:
     out = scratch / f"{schedule}.jsonl"
     command = [sys.executable, "-m", "evals.qualify", "child", "--schedule", schedule, "--out", str(out), *args]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               KLOOP_QUALIFY_PID=str(os.getpid()))
+    env = kh.child_env(KLOOP_QUALIFY_PID=str(os.getpid()))
     try:
         run = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
         failure = None if run.returncode == 0 else f"exit status {run.returncode}: {run.stderr.strip()[-600:]}"

@@ -43,7 +43,6 @@ from evals.loader import load_solution, resolve_solution_dir, unload_solution
 from evals.selfcheck import CANDIDATE_ERRORS, error_record
 
 MIB = 1 << 20
-ROOT = Path(__file__).resolve().parent.parent
 FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 FLOATING_NAMES = frozenset(str(d).removeprefix("torch.") for d in FLOATING)
 INTEGER_NAMES = frozenset(("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "bool"))
@@ -291,7 +290,7 @@ def run(solution: Path, panel: str, calls: int | None = None, log=print, task: t
             "(no allocator count to cross-check, so memory held only inside C++ is not seen)")
     calls = calls or default_calls(task, info.interpreted)
     cases = task.cases(panel)
-    jobs = max(1, min(jobs, len(cases), len(os.sched_getaffinity(0))))
+    jobs = kh.usable_jobs(jobs, len(cases))
     if jobs > 1:
         log(f"{len(cases)} cases over {jobs} processes, each a guard of its own (its own allocator count)")
         records = run_shards(task, solution, cases, calls, jobs)
@@ -329,9 +328,8 @@ def run_shard(task: tasks.Task, solution: Path, cases: list, calls: int, base: P
     panel.write_text(json.dumps({"cases": [asdict(case) for case in cases]}))
     command = [sys.executable, "-m", "evals.residency", "--task", str(task.folder), "--solution", str(solution),
                "--panel", str(panel), "--calls", str(calls), "--json", str(out)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               KLOOP_GUARD_PID=str(os.getpid()))
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    done = subprocess.run(command, cwd=kh.ROOT, env=kh.child_env(KLOOP_GUARD_PID=str(os.getpid())), capture_output=True,
+                          text=True)
     last = (done.stderr.strip().splitlines() or ["(no stderr)"])[-1][:300]
     try:
         records = json.loads(out.read_text())["cases"]

@@ -81,7 +81,7 @@ from evals.loader import resolve_solution_dir
 from evals.selfcheck import stratum_scores
 from evals.stability import DISPERSION_LIMIT
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = kh.ROOT
 ROLES = ("baseline_before", "candidate", "baseline_after")
 ROLE_TIMEOUT_S = {"spec": 900, "spec-unpinned": 900, "spec-thread-pinned": 900, "smoke": 600}
 PANEL_HOME = Path.home() / ".kloop" / "panels"
@@ -103,8 +103,7 @@ def run_role_process(task: tasks.Task, solution: Path | None, case, schedule: st
                + (["--solution", str(solution)] if solution is not None else ["--baseline-callable"])
                + ["--case", json.dumps(asdict(case)), "--schedule", schedule, "--out", str(out)]
                + (["--timing"] if timing else []) + (["--pair-with", str(pair_with)] if pair_with is not None else []))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               KLOOP_VERIFIER_PID=str(os.getpid()))
+    env = kh.child_env(KLOOP_VERIFIER_PID=str(os.getpid()))
     try:
         run = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True,
                              timeout=ROLE_TIMEOUT_S[schedule])
@@ -323,7 +322,7 @@ def judge(task: tasks.Task, solution: Path, panel: str, baseline: Path | None, g
             "baseline": solution_label(task, baseline),
             "panel": str(panel), "device": info.name, **provenance(), "mode": "gates-only" if gates_only else "full",
             "schedule": schedule, "timing": task.manifest["timing"]}
-    jobs = max(1, min(jobs, len(cases), len(os.sched_getaffinity(0)))) if gates_only else 1
+    jobs = kh.usable_jobs(jobs, len(cases)) if gates_only else 1
     if gates_only:
         head["jobs"] = jobs
     judged = []
