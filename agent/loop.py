@@ -121,8 +121,11 @@ class Run:
                         "something else)\n\n" + "".join(f"- {summary}\n" for summary in pending) + "\n")
         prompts = {"system": render("system", **self.tools.prompt_values()), "task": render("task", **values),
                    "iteration": render("iteration", **feedback)}
+        walls = [h["wall_s"] for h in self.state.history if h.get("wall_s")]
+        final = last_iteration(iteration, self.config.iters, self.config.time_limit_min,
+                               time.monotonic() - self.session_start, walls)
         return IterationContext(iteration, prompts, profile, last, iters=self.config.iters,
-                                best=self.state.best_label)
+                                best=self.state.best_label, last=final)
 
     def step(self) -> None:
         self.check_limits()
@@ -215,7 +218,7 @@ class Run:
                                                                 "stable", "unstable", "keep")}
         self.state.last_verdict["version"] = entry["version"]
         self.state.history.append({"version": entry["version"], "decision": entry["decision"],
-                                   "score": verdict["score"], "valid": verdict["valid"]})
+                                   "score": verdict["score"], "valid": verdict["valid"], "wall_s": entry["wall_s"]})
 
     def recover(self) -> None:
         """Finish what a killed session left half-done, before any new attempt: a record without its row or index line
@@ -259,6 +262,19 @@ class Attempt:
     eval_s: float
     eval_dir: str
     verdict: dict
+
+
+def last_iteration(iteration: int, iters: int, time_limit_min: float | None, elapsed_s: float,
+                   walls: list[float]) -> bool:
+    """Whether no iteration follows ``iteration``: it is the ``iters``-th, or under a time limit less time is left
+    than the longest of the run's attempts so far took (``walls``, seconds), so the next would not start. A proposer
+    makes its closing move there (the per-table search merges what won), which a run stopped by its clock would
+    otherwise never reach; the attempt may run past the limit by at most about one attempt."""
+    if iteration >= iters:
+        return True
+    if time_limit_min is None or not walls:
+        return False
+    return time_limit_min * 60 - elapsed_s <= max(walls)
 
 
 def eval_name(iteration: int) -> str:

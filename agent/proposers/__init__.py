@@ -36,6 +36,9 @@ class IterationContext:
     usage: Usage = field(default_factory=Usage)
     iters: int | None = None
     """The run's iteration limit (``iteration`` of ``iters``), when it has one."""
+    last: bool = False
+    """Whether no iteration follows this one: it is the ``iters``-th, or the run's time limit leaves less time than
+    its longest attempt so far took (``agent.loop.last_iteration``)."""
     best: str | None = None
     """The run's best version (``vN``), whose files the candidate holds at the iteration's start."""
     pending: list[str] = field(default_factory=list)

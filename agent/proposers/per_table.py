@@ -14,8 +14,8 @@ cases it holds, and attempts are of two kinds:
 - a **merge** gives every table its incumbent and moves nothing: only measured wins, so the loop's keep rule (faster
   than the best beyond noise, both timed in one process) keeps it once the wins add up past the noise. A merge comes
   when the incumbents' numbers put the score ``MERGE_GAIN`` over the best's, or after ``MERGE_AFTER`` steps from the
-  best once they put it ``MERGE_FLOOR`` over, or in the run's last iteration (``iters``; a run stopped by its time
-  limit has none); otherwise another step.
+  best once they put it ``MERGE_FLOOR`` over, or in the run's last iteration (``IterationContext.last``: the
+  ``iters``-th, or the one its time limit leaves room for); otherwise another step.
 
 A table's move wins, and becomes its incumbent, when every panel case the table holds ran at least ``1 + MARGIN``
 times faster than under its incumbent (speedups against the task's baseline, which each attempt measures paired in
@@ -346,7 +346,7 @@ def iterate(context: IterationContext, tools: Tools, source: str, tables: list[T
     shapes = panel_shapes(context.profile, task)
     best = _speedups({(c.get("case") or {}).get("name"): c for c in (context.profile or {}).get("cases") or []})
     found = incumbents(history, context.best, tables, shapes, best)
-    final = context.iters is not None and context.iteration >= context.iters
+    final = context.last or context.iters is not None and context.iteration >= context.iters
 
     def submit(edits: dict, moved: list[Change], kind: str, reason: str) -> None:
         proposal = render(source, tables, edits)

@@ -361,9 +361,10 @@ def test_a_cluster_asked_for_more_workers_than_it_has_is_refused(toy: Path, clus
 def test_a_models_prompt_lists_the_batchs_earlier_members(tools):  # noqa: F811
     from agent.loop import Run
     run = types.SimpleNamespace(task=tools.task, tools=tools, proposer=types.SimpleNamespace(max_steps=3),
-                                best_profile=lambda: None, config=types.SimpleNamespace(cuda=False, iters=4),
+                                best_profile=lambda: None, session_start=0.0,
+                                config=types.SimpleNamespace(cuda=False, iters=4, time_limit_min=None),
                                 state=types.SimpleNamespace(last_verdict=None, run_id="r", best_label="v0",
-                                                            best_score=1.0))
+                                                            best_score=1.0, history=[]))
     plain = Run.context(run, 2).prompts["iteration"]
     batch_member = Run.context(run, 2, ["BLOCK_SIZE_N 64->128", "num_warps 4->8"]).prompts["iteration"]
     assert "Proposed in this batch" not in plain

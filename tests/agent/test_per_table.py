@@ -65,11 +65,12 @@ def record(tools, version: str, parent: str, source: str, summary: str, decision
 
 
 def propose(tools, best: str, best_speedups: dict, last: str | None = None, iteration: int = 1,  # noqa: F811
-            iters: int = 20, label: str = "v1") -> tuple[str, Submitted]:
+            iters: int = 20, label: str = "v1", final: bool = False) -> tuple[str, Submitted]:
     tools.candidate.joinpath("solution.py").write_text(best)
     with pytest.raises(Submitted) as submitted:
         OfflineProposer().iterate(IterationContext(iteration, {}, profile(best_speedups),
-                                                   {"version": last} if last else None, iters=iters, best=label),
+                                                   {"version": last} if last else None, iters=iters, best=label,
+                                                   last=final),
                                  tools)
     return tools.candidate.joinpath("solution.py").read_text(), submitted.value
 
@@ -151,8 +152,10 @@ def test_no_merge_after_the_steps_while_the_estimate_is_under_the_floor(tools): 
     assert 1 < 2 / (1 / numbers["a"] ** 0.5 + 1) < MERGE_FLOOR
     _, submitted = propose(tools, SOURCE, start, last=f"v{MERGE_AFTER + 1}")
     assert submitted.summary.startswith("per-table step"), submitted.summary
-    # the run's last iteration merges whatever won
+    # the run's last iteration merges whatever won: the iters-th, or the last its time limit leaves room for
     _, submitted = propose(tools, SOURCE, start, last=f"v{MERGE_AFTER + 1}", iteration=20, iters=20)
+    assert submitted.summary.startswith("per-table merge: 1 table(s): TIERS[0]"), submitted.summary
+    _, submitted = propose(tools, SOURCE, start, last=f"v{MERGE_AFTER + 1}", iteration=6, iters=40, final=True)
     assert submitted.summary.startswith("per-table merge: 1 table(s): TIERS[0]"), submitted.summary
 
 

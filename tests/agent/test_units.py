@@ -12,6 +12,7 @@ from agent.config import RunConfig, Task, from_dict
 from agent.evaluate import Evaluator
 from agent.exceptions import LimitsExceeded, Submitted
 from agent.ledger import columns, format_row, identity, record, rows, unified_patch
+from agent.loop import last_iteration
 from agent.prompts import render
 from agent.proposers import IterationContext
 from agent.proposers.offline import OfflineProposer, find_table
@@ -431,3 +432,12 @@ def test_the_evaluation_limit_follows_the_panel_within_the_floor_and_the_tasks_l
     assert panel_limit(task, 20.0) == 20.0 * LIMIT_PER_START < 900
     assert panel_limit(task, 600.0) == 900
     assert panel_limit(dataclasses.replace(task, eval_timeout_s=12), 20.0) == 12  # KLOOP_EVAL_TIMEOUT stays a cap
+
+
+def test_an_iteration_is_the_last_at_the_iteration_limit_or_when_the_clock_leaves_no_room_for_another():
+    assert last_iteration(20, 20, None, 0.0, []) and not last_iteration(19, 20, None, 1e9, [30.0])
+    # 7.5 minutes: at 400 s, 50 s are left and the longest attempt took 60 s: the next would not start
+    assert last_iteration(9, 40, 7.5, 400.0, [25.0, 60.0, 31.0])
+    assert not last_iteration(9, 40, 7.5, 300.0, [25.0, 60.0, 31.0])
+    assert not last_iteration(1, 40, 7.5, 449.0, [])  # no attempt timed yet: nothing to judge by
+    assert last_iteration(40, 40, 7.5, 0.0, [25.0])
