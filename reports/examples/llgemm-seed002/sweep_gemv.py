@@ -4,8 +4,11 @@ makes the tables). Per panel point, F.linear and each plan are timed hot (a grap
 pairs, and each plan's output is checked against the oracle once. One JSON line per (point, plan) on stdout.
 
     python3 reports/examples/llgemm-seed002/sweep_gemv.py > sweep.jsonl     (repository root, on a GPU)
-    FAMILY=tasks/llgemm/versions/vN/solution.py (default v35), BUDGET=seconds (default 200; it stops between
-    points past it; the recorded run had 230)
+    SET=gemv (default): v35's family, unsplit and split GEMV plans at 12 panel points (sweep_gemv_v35.jsonl, 230 s)
+    SET=vec: v60's family, 8 GEMV tiles each with VEC 1/8 and PREFETCH off/on, and 4 more, at the 14 points where
+        v41 fell short of the seed or came close (sweep_vec_v60.jsonl, 96 s)
+    FAMILY=tasks/llgemm/versions/vN/solution.py overrides the set's family; BUDGET=seconds (default 200; it stops
+    between points past it)
 """
 import importlib.util
 import json
@@ -20,15 +23,30 @@ from evals import graph_timing as gt  # noqa: E402
 from evals import task as tasks  # noqa: E402
 
 A = tasks.load("llgemm").adapter
-FAMILY = os.environ.get("FAMILY", "tasks/llgemm/versions/v35/solution.py")
+SET = os.environ.get("SET", "gemv")
 BUDGET = float(os.environ.get("BUDGET", "200"))
-POINTS = [(1, 640, 2560), (1, 336, 10240), (1, 4096, 2560), (1, 24, 2560), (4, 640, 2560), (1, 2560, 1536),
-          (4, 4096, 2560), (16, 3584, 2560), (8, 320, 2560), (1, 320, 2560), (2, 640, 2560), (1, 62080, 2560)]
-PLANS = [dict(MMA=False, BLOCK_N=n, num_warps=w, BLOCK_K=k, SPLIT_K=1)
-         for n in (1, 2, 4, 8) for w in (4, 8, 16, 32) for k in (2048, 4096)]
-PLANS += [dict(MMA=False, BLOCK_N=n, num_warps=w, BLOCK_K=2048, SPLIT_K=s)
-          for s in (2, 4) for n in (2, 4) for w in (8, 16)]
-
+if SET == "gemv":
+    FAMILY = os.environ.get("FAMILY", "tasks/llgemm/versions/v35/solution.py")
+    POINTS = [(1, 640, 2560), (1, 336, 10240), (1, 4096, 2560), (1, 24, 2560), (4, 640, 2560), (1, 2560, 1536),
+              (4, 4096, 2560), (16, 3584, 2560), (8, 320, 2560), (1, 320, 2560), (2, 640, 2560), (1, 62080, 2560)]
+    PLANS = [dict(MMA=False, BLOCK_N=n, num_warps=w, BLOCK_K=k, SPLIT_K=1)
+             for n in (1, 2, 4, 8) for w in (4, 8, 16, 32) for k in (2048, 4096)]
+    PLANS += [dict(MMA=False, BLOCK_N=n, num_warps=w, BLOCK_K=2048, SPLIT_K=s)
+              for s in (2, 4) for n in (2, 4) for w in (8, 16)]
+elif SET == "vec":
+    FAMILY = os.environ.get("FAMILY", "tasks/llgemm/versions/v60/solution.py")
+    POINTS = [(4, 320, 10240), (1, 4096, 2560), (8, 320, 10240), (4, 2560, 1536), (2, 4096, 2560), (16, 320, 2560),
+              (1, 3584, 2560), (2, 62080, 2560), (8, 640, 2560), (4, 336, 10240), (2, 3584, 2560), (4, 640, 2560),
+              (1, 62080, 2560), (8, 336, 10240)]
+    TILES = [(1, 8, 4096), (1, 16, 2048), (2, 4, 2048), (2, 8, 4096), (4, 4, 1024), (4, 8, 2048), (8, 4, 1024),
+             (8, 8, 2048)]
+    PLANS = [dict(MMA=False, BLOCK_N=n, num_warps=w, BLOCK_K=k, SPLIT_K=1, VEC=v, PREFETCH=p)
+             for (n, w, k) in TILES for (v, p) in ((1, False), (8, False), (8, True), (1, True))]
+    PLANS += [dict(MMA=False, BLOCK_N=n, num_warps=w, BLOCK_K=k, SPLIT_K=s, VEC=8, PREFETCH=True)
+              for (n, w, k, s) in ((4, 8, 2048, 2), (8, 8, 1024, 4), (2, 8, 2048, 4), (16, 8, 1024, 1))]
+else:
+    sys.exit(f"SET must be gemv or vec, not {SET!r}")
+KEYS = ("BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps") + (("VEC", "PREFETCH") if SET == "vec" else ())
 
 def family(config: dict, tag: str):
     """The family's module with every shape on ``config`` (no tiers): plan() still fits it to the shape."""
@@ -76,7 +94,7 @@ def main() -> None:
                 continue
             seen.add(tuple(sorted(plan.items())))
             record = {"shape": [m, n, k], "cfg": config,
-                      "plan": {key: plan[key] for key in ("BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps")},
+                      "plan": {key: plan[key] for key in KEYS},
                       "programs": -(-n // plan["BLOCK_N"]) * plan["SPLIT_K"], "base_hot": base[0], "base_fl": base[1]}
             try:
                 fn = module.build(weight)
