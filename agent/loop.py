@@ -122,10 +122,10 @@ class Run:
         prompts = {"system": render("system", **self.tools.prompt_values()), "task": render("task", **values),
                    "iteration": render("iteration", **feedback)}
         walls = [h["wall_s"] for h in self.state.history if h.get("wall_s")]
-        final = last_iteration(iteration, self.config.iters, self.config.time_limit_min,
-                               time.monotonic() - self.session_start, walls)
+        closing = last_iteration(iteration, self.config.iters, self.config.time_limit_min,
+                                 time.monotonic() - self.session_start, walls)
         return IterationContext(iteration, prompts, profile, last, iters=self.config.iters,
-                                best=self.state.best_label, last=final)
+                                best=self.state.best_label, last=closing)
 
     def step(self) -> None:
         self.check_limits()
@@ -266,15 +266,18 @@ class Attempt:
 
 def last_iteration(iteration: int, iters: int, time_limit_min: float | None, elapsed_s: float,
                    walls: list[float]) -> bool:
-    """Whether no iteration follows ``iteration``: it is the ``iters``-th, or under a time limit less time is left
-    than the longest of the run's attempts so far took (``walls``, seconds), so the next would not start. A proposer
-    makes its closing move there (the per-table search merges what won), which a run stopped by its clock would
-    otherwise never reach; the attempt may run past the limit by at most about one attempt."""
+    """Whether ``iteration`` is, by estimate, the run's last: it is the ``iters``-th, or under a time limit less time
+    is left than a typical attempt of this run takes (the median of its last five ``walls``, seconds), so that no
+    other would start after it. A proposer makes its closing move there (the per-table search merges what won),
+    which a run stopped by its clock would otherwise never reach. An estimate: the run may go on for an attempt or so
+    (each such attempt is last too), or stop after an attempt that was not; with no attempt timed yet (a fresh or
+    resumed session) none is last by the clock."""
     if iteration >= iters:
         return True
     if time_limit_min is None or not walls:
         return False
-    return time_limit_min * 60 - elapsed_s <= max(walls)
+    recent = sorted(walls[-5:])
+    return time_limit_min * 60 - elapsed_s <= recent[len(recent) // 2]
 
 
 def eval_name(iteration: int) -> str:

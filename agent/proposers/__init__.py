@@ -37,8 +37,8 @@ class IterationContext:
     iters: int | None = None
     """The run's iteration limit (``iteration`` of ``iters``), when it has one."""
     last: bool = False
-    """Whether no iteration follows this one: it is the ``iters``-th, or the run's time limit leaves less time than
-    its longest attempt so far took (``agent.loop.last_iteration``)."""
+    """Whether this is, by estimate, the run's last iteration: the ``iters``-th, or one after which the time limit
+    leaves less than a typical attempt of the run (``agent.loop.last_iteration``)."""
     best: str | None = None
     """The run's best version (``vN``), whose files the candidate holds at the iteration's start."""
     pending: list[str] = field(default_factory=list)

@@ -369,8 +369,8 @@ def iterate(context: IterationContext, tools: Tools, source: str, tables: list[T
                        f"least {1 + MARGIN:.2f}x faster than under the best's values (score ~{gain:.3f}x the best's "
                        "from those numbers)"] if pending else []
             if switched:
-                reasons.append(f"the run's last attempt: {len(switched)} table(s) slower than the baseline on every "
-                               "case fall back to it")
+                reasons.append(f"the run's closing attempt (its last, by estimate): {len(switched)} table(s) slower "
+                               "than the baseline on every case fall back to it")
             reason = "; ".join(reasons)
             submit({(c.table, c.knob): c.new for c in moved}, moved, MERGE, reason)
     step(tools, history, tables, found, space, context, submit)

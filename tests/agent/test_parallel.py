@@ -358,15 +358,32 @@ def test_a_cluster_asked_for_more_workers_than_it_has_is_refused(toy: Path, clus
     assert not entries(toy) and not runs(toy)
 
 
+def fake_run(tools):  # noqa: F811
+    """What Run.context reads of a run, without the run."""
+    return types.SimpleNamespace(task=tools.task, tools=tools, proposer=types.SimpleNamespace(max_steps=3),
+                                 best_profile=lambda: None, session_start=time.monotonic(),
+                                 config=types.SimpleNamespace(cuda=False, iters=4, time_limit_min=None),
+                                 state=types.SimpleNamespace(last_verdict=None, run_id="r", best_label="v0",
+                                                             best_score=1.0, history=[]))
+
+
 def test_a_models_prompt_lists_the_batchs_earlier_members(tools):  # noqa: F811
     from agent.loop import Run
-    run = types.SimpleNamespace(task=tools.task, tools=tools, proposer=types.SimpleNamespace(max_steps=3),
-                                best_profile=lambda: None, session_start=0.0,
-                                config=types.SimpleNamespace(cuda=False, iters=4, time_limit_min=None),
-                                state=types.SimpleNamespace(last_verdict=None, run_id="r", best_label="v0",
-                                                            best_score=1.0, history=[]))
+    run = fake_run(tools)
     plain = Run.context(run, 2).prompts["iteration"]
     batch_member = Run.context(run, 2, ["BLOCK_SIZE_N 64->128", "num_warps 4->8"]).prompts["iteration"]
     assert "Proposed in this batch" not in plain
     assert "# Proposed in this batch, not yet evaluated (propose something else)\n\n- BLOCK_SIZE_N 64->128\n" \
         "- num_warps 4->8\n\nPropose the next change" in batch_member
+
+
+def test_the_context_marks_the_last_iteration_by_the_iteration_limit_or_the_clock(tools):  # noqa: F811
+    from agent.loop import Run
+    run = fake_run(tools)
+    assert not Run.context(run, 2).last and Run.context(run, 4).last  # the iteration limit's last
+    # a time limit: the attempts' walls (as apply() keeps them) against the time left
+    run.config.time_limit_min, run.state.history = 1.0, [{"wall_s": 30.0}, {"wall_s": 40.0}, {}]
+    run.session_start = time.monotonic() - 25.0  # 35 s left: less than a typical attempt (40 s)
+    assert Run.context(run, 2).last
+    run.session_start = time.monotonic()  # 60 s left
+    assert not Run.context(run, 2).last
