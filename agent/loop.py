@@ -270,8 +270,8 @@ def last_iteration(iteration: int, iters: int, time_limit_min: float | None, ela
     is left than a typical attempt of this run takes (the median of its last five ``walls``, seconds), so that no
     other would start after it. A proposer makes its closing move there (the per-table search merges what won),
     which a run stopped by its clock would otherwise never reach. An estimate: the run may go on for an attempt or so
-    (each such attempt is last too), or stop after an attempt that was not; with no attempt timed yet (a fresh or
-    resumed session) none is last by the clock."""
+    (each such attempt is last too), or stop after an attempt that was not; before the run's first attempt is timed
+    none is last by the clock."""
     if iteration >= iters:
         return True
     if time_limit_min is None or not walls:

@@ -437,7 +437,7 @@ def test_the_evaluation_limit_follows_the_panel_within_the_floor_and_the_tasks_l
 def test_an_iteration_is_the_last_at_the_iteration_limit_or_when_the_clock_leaves_no_room_for_another():
     assert last_iteration(20, 20, None, 0.0, []) and not last_iteration(19, 20, None, 1e9, [30.0])
     # 7.5 minutes: at 420 s, 30 s are left and a typical attempt (the median of the last five) takes 31 s
-    walls = [900.0, 25.0, 60.0, 31.0, 28.0, 33.0]  # the first, 900 s, is past the last five: no outlier counts
+    walls = [900.0, 900.0, 900.0, 25.0, 60.0, 31.0, 28.0, 33.0]  # the 900 s attempts are past the last five
     assert last_iteration(9, 40, 7.5, 420.0, walls)
     assert not last_iteration(9, 40, 7.5, 410.0, walls)  # 40 s left: another attempt starts after this one
     assert not last_iteration(1, 40, 7.5, 449.0, [])  # no attempt timed yet: nothing to judge by
