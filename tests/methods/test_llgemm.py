@@ -1,6 +1,7 @@
-"""The llgemm kernel family (tasks/llgemm, as v61 has it: v0's kernel with the split-K fences, the nearest-tier plan
-and the CUDA-core GEMV that sums across threads once, its products summed VEC at a time in each thread and its next
-step's loads issued early with PREFETCH) under every plan shape its search space reaches: tensor-core and CUDA-core
+"""The llgemm kernel family (tasks/llgemm, as v62 has it: v0's kernel with the split-K fences, the nearest-tier plan
+and the CUDA-core GEMV that sums across threads once, its products summed VEC at a time in each thread, its next
+step's loads issued early with PREFETCH and its weight loads kept out of L1 with WEIGHT_CG) under every plan shape its
+search space reaches: tensor-core and CUDA-core
 reductions, one share or several, odd N and K, M from 1 to 16 and past it. On CPU the interpreter runs it;
 the compile tests check the sm90 code without a GPU; the stress test (mark gpu) calls split plans many times on shapes
 where a split reduction without its fences can return zeros."""
@@ -20,7 +21,7 @@ import torch
 from evals import task as tasks
 
 ROOT = Path(__file__).resolve().parents[2]  # not tests.conftest's: it sets TRITON_INTERPRET, which fence_order avoids
-FAMILY = ROOT / "tasks" / "llgemm" / "versions" / "v61" / "solution.py"
+FAMILY = ROOT / "tasks" / "llgemm" / "versions" / "v62" / "solution.py"
 TASK = tasks.load("llgemm")
 ADAPTER = TASK.adapter
 
@@ -53,7 +54,8 @@ PLANS = [dict(MMA=True, BLOCK_N=16, BLOCK_K=64, SPLIT_K=1), dict(MMA=True, BLOCK
          # VEC 8 needs 8 elements of K a thread and step: one warp and a 256-deep step
          dict(MMA=False, BLOCK_N=2, BLOCK_K=256, SPLIT_K=1, VEC=8, PREFETCH=True, num_warps=1),
          dict(MMA=False, BLOCK_N=4, BLOCK_K=256, SPLIT_K=2, VEC=8, num_warps=1),
-         dict(MMA=False, BLOCK_N=1, BLOCK_K=32, SPLIT_K=4, PREFETCH=True)]
+         dict(MMA=False, BLOCK_N=1, BLOCK_K=32, SPLIT_K=4, PREFETCH=True),
+         dict(MMA=False, BLOCK_N=2, BLOCK_K=64, SPLIT_K=2, PREFETCH=True, WEIGHT_CG=True)]
 
 
 @pytest.mark.parametrize("plan", PLANS, ids=lambda p: "-".join(f"{k}{v}" for k, v in p.items()))
@@ -71,7 +73,8 @@ def test_vec_and_prefetch_plans_are_correct_over_several_k_steps_and_shares(m, n
     if torch.cuda.is_available():
         pytest.skip("the interpreter's run of the family (the GPU stress test covers CUDA)")
     for plan in (dict(MMA=False, BLOCK_N=2, BLOCK_K=256, SPLIT_K=1, VEC=8, PREFETCH=True, num_warps=1),
-                 dict(MMA=False, BLOCK_N=4, BLOCK_K=256, SPLIT_K=2, VEC=8, PREFETCH=True, num_warps=1)):
+                 dict(MMA=False, BLOCK_N=4, BLOCK_K=256, SPLIT_K=2, VEC=8, PREFETCH=True, WEIGHT_CG=True,
+                      num_warps=1)):
         module = family(**plan)
         p = module.plan(m, n, k)
         assert p["VEC"] >= 2 and p["TILES_PER_SPLIT"] >= 2, p
@@ -114,6 +117,8 @@ def test_plan_keeps_tiles_within_registers_and_the_pipeline_within_shared_memory
     assert family(MMA=False, BLOCK_N=1, BLOCK_K=512, num_warps=4, VEC=8).plan(1, 64, 4096)["VEC"] == 4
     assert family(MMA=True, VEC=8, PREFETCH=True).plan(1, 64, 4096)["VEC"] == 1  # the dot has neither
     assert not family(MMA=True, VEC=8, PREFETCH=True).plan(1, 64, 4096)["PREFETCH"]
+    assert not family(MMA=True, WEIGHT_CG=True).plan(1, 64, 4096)["WEIGHT_CG"]  # the dot's copies are the pipeline's
+    assert family(MMA=False, WEIGHT_CG=True).plan(1, 64, 4096)["WEIGHT_CG"]
     assert family(MMA=True, BLOCK_N=4).plan(1, 64, 64)["BLOCK_N"] == 16  # a dot takes 16 columns at least
     assert family(SPLIT_K=32).plan(1, 64, 200)["SPLIT_K"] == 2  # no more shares than K steps (BLOCK_K 128)
 
@@ -160,19 +165,22 @@ def gemv_loops() -> list[dict]:
     from tests.methods.hopper_compile import _cubin_tool
 
     found = []
-    for block_n, block_m, block_k, warps, vec, prefetch in ((4, 1, 1024, 4, 1, False), (1, 2, 2048, 8, 1, False),
-                                                           (2, 2, 1024, 4, 1, False), (1, 4, 4096, 8, 8, True),
-                                                           (8, 1, 1024, 4, 8, False), (2, 8, 2048, 8, 8, True)):
+    for block_n, block_m, block_k, warps, vec, prefetch, cg in (
+            (4, 1, 1024, 4, 1, False, False), (1, 2, 2048, 8, 1, False, False), (2, 2, 1024, 4, 1, False, False),
+            (1, 4, 4096, 8, 8, True, False), (8, 1, 1024, 4, 8, False, False), (2, 8, 2048, 8, 8, True, False),
+            (1, 8, 2048, 8, 8, False, True), (4, 2, 1024, 4, 8, True, True)):
         constants = {"BLOCK_N": block_n, "BLOCK_K": block_k, "BLOCK_M": block_m, "SPLIT_K": 1, "EVEN_K": True,
-                     "MMA": False, "F32_DOT": False, "VEC": vec, "PREFETCH": prefetch}
+                     "MMA": False, "F32_DOT": False, "VEC": vec, "PREFETCH": prefetch, "WEIGHT_CG": cg}
         lines = _cubin_tool("nvdisasm", ["-c"], compile_sm90(constants, warps).asm["cubin"]).splitlines()
         labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", line))}
         loops = [lines[labels[m.group(1)]:i + 1] for i, line in enumerate(lines)
                  if (m := re.search(r"BRA `\((\.L_x_\d+)\)", line)) and labels.get(m.group(1), i) < i]
         body = next((loop for loop in loops if any("LDG.E.128" in line for line in loop)), [])
         code = [line for line in body if re.match(r"^\s+/\*[0-9a-f]+\*/\s+\S", line)]
-        found.append({"plan": [block_n, block_m, block_k, warps, vec, prefetch], "instructions": len(code),
+        found.append({"plan": [block_n, block_m, block_k, warps, vec, prefetch, cg], "instructions": len(code),
                       "loads": sum("LDG.E.128" in line for line in code),
+                      # ld.global.cg: a GPU-scope load, which L1 does not keep
+                      "l2_only": sum("LDG.E.128.STRONG.GPU" in line for line in code),
                       "exchanges": sum(bool(re.search(r"\b(BAR|SHFL|STS|LDS|LDSM|STSM)\b", line)) for line in code)})
     return found
 
@@ -190,9 +198,14 @@ def in_compiler(expression: str):
 def test_the_gemv_loop_keeps_its_sums_in_registers_in_the_sm90_code():
     """The CUDA-core path's K loop: 16-byte loads of W and x and fp32 multiply-adds, and no exchange between threads
     (no barrier, shuffle or shared memory): the sums across threads come once, after the loop. VEC 8 sums a thread's
-    own 16-byte load in registers, so it adds no exchange either."""
+    own 16-byte load in registers, so it adds no exchange either. With WEIGHT_CG the weight's loads, and only they,
+    skip L1: x's rows, one 16-byte load per row and step here, stay cached."""
     for loop in in_compiler("gemv_loops()"):
+        block_n, block_m, block_k, warps, vec, prefetch, cg = loop["plan"]
         assert loop["loads"] >= 2 and loop["exchanges"] == 0, loop
+        weight_loads = block_n * block_k // (8 * 32 * warps)  # 8 elements a 16-byte load
+        assert loop["l2_only"] == (weight_loads if cg else 0), loop
+        assert loop["loads"] - loop["l2_only"] >= block_m, loop
 
 
 def fence_order() -> list[dict]:
@@ -202,7 +215,7 @@ def fence_order() -> list[dict]:
     found = []
     for mma, block_m, block_n in ((True, 16, 64), (False, 1, 4)):
         constants = {"BLOCK_N": block_n, "BLOCK_K": 128, "BLOCK_M": block_m, "SPLIT_K": 4, "EVEN_K": True,
-                     "MMA": mma, "F32_DOT": False, "VEC": 1, "PREFETCH": False}
+                     "MMA": mma, "F32_DOT": False, "VEC": 1, "PREFETCH": False, "WEIGHT_CG": False}
         ptx = compile_sm90(constants).asm["ptx"]
         lines = ptx.splitlines()
         adds = [i for i, line in enumerate(lines) if re.search(r"atom\.global\S*\.add(\.v\d)?\.f32", line)]
@@ -240,5 +253,6 @@ def test_split_plans_stay_correct_over_many_calls_on_the_gpu(m, n, k):
                  dict(MMA=False, BLOCK_N=4, BLOCK_K=1024, num_warps=4, SPLIT_K=4),
                  dict(MMA=False, BLOCK_N=1, BLOCK_K=2048, num_warps=8, SPLIT_K=2),
                  dict(MMA=False, BLOCK_N=2, BLOCK_K=64, num_warps=4, SPLIT_K=8),
-                 dict(MMA=False, BLOCK_N=4, BLOCK_K=2048, num_warps=8, SPLIT_K=4, VEC=8, PREFETCH=True)):
+                 dict(MMA=False, BLOCK_N=4, BLOCK_K=2048, num_warps=8, SPLIT_K=4, VEC=8, PREFETCH=True),
+                 dict(MMA=False, BLOCK_N=1, BLOCK_K=2048, num_warps=8, SPLIT_K=2, VEC=8, WEIGHT_CG=True)):
         check(family(**plan), m, n, k, torch.device("cuda"), calls=64)
