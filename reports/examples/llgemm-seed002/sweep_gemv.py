@@ -7,7 +7,7 @@ pairs, and each plan's output is checked against the oracle once. One JSON line 
     SET=gemv (default): v35's family, unsplit and split GEMV plans at 12 panel points (sweep_gemv_v35.jsonl, 230 s)
     SET=vec: v60's family, 8 GEMV tiles each with VEC 1/8 and PREFETCH off/on, and 4 more, at the 14 points where
         v41 fell short of the seed or came close (sweep_vec_v60.jsonl, 96 s)
-    SET=cg: v62's family, the best tiles of SET=vec and three with more programs an SM, each with WEIGHT_CG off and
+    SET=cg: v63's family, the best tiles of SET=vec and three with more programs an SM, each with WEIGHT_CG off and
         on, at the points still short of the seed and five it qualified (about 45 s, estimated from SET=vec's rate)
     FAMILY=tasks/llgemm/versions/vN/solution.py overrides the set's family; BUDGET=seconds (default 200; it stops
     between points past it)
@@ -47,7 +47,7 @@ elif SET == "vec":
     PLANS += [dict(MMA=False, BLOCK_N=n, num_warps=w, BLOCK_K=k, SPLIT_K=s, VEC=8, PREFETCH=True)
               for (n, w, k, s) in ((4, 8, 2048, 2), (8, 8, 1024, 4), (2, 8, 2048, 4), (16, 8, 1024, 1))]
 elif SET == "cg":
-    FAMILY = os.environ.get("FAMILY", "tasks/llgemm/versions/v62/solution.py")
+    FAMILY = os.environ.get("FAMILY", "tasks/llgemm/versions/v63/solution.py")
     POINTS = [(8, 320, 10240), (8, 336, 10240), (2, 4096, 2560), (2, 3584, 2560), (4, 2560, 1536), (2, 62080, 2560),
               (1, 4096, 2560), (4, 320, 10240), (16, 320, 2560), (1, 62080, 2560)]
     TILES = [(1, 8, 2048, 8, False), (1, 8, 4096, 8, False), (2, 8, 2048, 1, False), (4, 4, 1024, 8, False),
