@@ -1,10 +1,10 @@
-"""The llgemm kernel family (tasks/llgemm, as v63 has it: v0's kernel with the split-K fences, the nearest-tier plan
-and the CUDA-core GEMV that sums across threads once, its products summed VEC at a time in each thread, its next
-step's loads issued early with PREFETCH and its weight loads kept out of L1 with WEIGHT_CG) under every plan shape its
-search space reaches: tensor-core and CUDA-core
-reductions, one share or several, odd N and K, M from 1 to 16 and past it. On CPU the interpreter runs it;
-the compile tests check the sm90 code without a GPU; the stress test (mark gpu) calls split plans many times on shapes
-where a split reduction without its fences can return zeros."""
+"""The llgemm kernel family (tasks/llgemm, as v64 has it: v0's kernel with its split-K reduction ordered as CUTLASS's
+semaphore, the nearest-tier plan and the CUDA-core GEMV that sums across threads once, its products summed VEC at a
+time in each thread, its next step's loads issued early with PREFETCH and its weight loads kept out of L1 with
+WEIGHT_CG) under every plan shape its search space reaches: tensor-core and CUDA-core reductions, one share or
+several, odd N and K, M from 1 to 16 and past it. On CPU the interpreter runs it; the compile tests check the sm90
+code without a GPU; the stress test (mark gpu) calls split plans many times on shapes where a misordered split
+reduction returned zeros."""
 from __future__ import annotations
 
 import importlib.util
@@ -20,8 +20,8 @@ import torch
 
 from evals import task as tasks
 
-ROOT = Path(__file__).resolve().parents[2]  # not tests.conftest's: it sets TRITON_INTERPRET, which fence_order avoids
-FAMILY = ROOT / "tasks" / "llgemm" / "versions" / "v63" / "solution.py"
+ROOT = Path(__file__).resolve().parents[2]  # not tests.conftest's: it sets TRITON_INTERPRET, which split_order avoids
+FAMILY = ROOT / "tasks" / "llgemm" / "versions" / "v64" / "solution.py"
 TASK = tasks.load("llgemm")
 ADAPTER = TASK.adapter
 
@@ -208,44 +208,56 @@ def test_the_gemv_loop_keeps_its_sums_in_registers_in_the_sm90_code():
         assert loop["loads"] - loop["l2_only"] >= block_m, loop
 
 
-def fence_order() -> list[dict]:
+def split_order() -> list[dict]:
     """Compile the family's split plans for sm90 (run without TRITON_INTERPRET: the interpreter never compiles) and
-    say where the fences fall: after the workspace adds and before the counter, and again before the last share's
-    reads; and whether the adds and the counter's reset are relaxed (the fences order them)."""
+    say how a share's epilogue orders its memory operations in the PTX: its workspace adds (relaxed), a barrier, the
+    counter's add (acq_rel: the release of the whole program's adds and, for the last share, the acquire), the
+    barrier that passes the counter's value on, the last share's reads (L2, not L1), a barrier, the zeroing and the
+    counter's reset (relaxed); and whether any fence.sc.gpu is left."""
     found = []
     for mma, block_m, block_n in ((True, 16, 64), (False, 1, 4)):
         constants = {"BLOCK_N": block_n, "BLOCK_K": 128, "BLOCK_M": block_m, "SPLIT_K": 4, "EVEN_K": True,
                      "MMA": mma, "F32_DOT": False, "VEC": 1, "PREFETCH": False, "WEIGHT_CG": False}
-        ptx = compile_sm90(constants).asm["ptx"]
-        lines = ptx.splitlines()
+        lines = compile_sm90(constants).asm["ptx"].splitlines()
         adds = [i for i, line in enumerate(lines) if re.search(r"atom\.global\S*\.add(\.v\d)?\.f32", line)]
         counters = [i for i, line in enumerate(lines) if "atom.global" in line and ".add.u32" in line]
-        fences = [i for i, line in enumerate(lines) if "fence.sc.gpu" in line]
         reads = [i for i, line in enumerate(lines) if "ld.global.cg" in line]
         # the workspace's zeroing: the stores of the register the counter's reset writes (zero)
-        resets = (re.search(r"atom\.global\S*\.exch\.b32 .*, (%r\d+);", line) for line in lines)
-        reset = next((m.group(1) for m in resets if m), None)
-        zeroing = [i for i, line in enumerate(lines) if reads and reset and i > min(reads)
-                   and re.search(r"st\.global\S* \[.*\], \{ " + reset + r"\b", line)]
+        resets = [(i, m.group(1)) for i, line in enumerate(lines)
+                  if (m := re.search(r"atom\.global\S*\.exch\.b32 .*, (%r\d+);", line))]
+        zeroing = [i for i, line in enumerate(lines) if reads and resets and i > min(reads)
+                   and re.search(r"st\.global\S* \[.*\], \{ " + resets[0][1] + r"\b", line)]
         barriers = [i for i, line in enumerate(lines) if "bar.sync" in line]
-        relaxed = bool(adds) and all(".relaxed." in lines[i] for i in adds) \
-            and all(".relaxed." in line for line in lines if re.search(r"atom\.global\S*\.exch", line))
-        found.append({"mma": mma, "adds": bool(adds and counters and reads), "relaxed": relaxed,
-                      "fenced_adds": bool(adds and counters) and any(max(adds) < f < min(counters) for f in fences),
-                      "fenced_reads": bool(counters and reads) and any(max(counters) < f < min(reads) for f in fences),
-                      "zeroed_after_barrier": bool(reads and zeroing)
-                      and any(max(reads) < b < min(zeroing) for b in barriers)})
+
+        def barrier_between(first: list[int], then: list[int]) -> bool:
+            return bool(first and then) and any(max(first) < b < min(then) for b in barriers)
+
+        found.append({
+            "mma": mma, "complete": bool(adds and len(counters) == 1 and reads and resets and zeroing),
+            "relaxed_adds": bool(adds) and all(".relaxed." in lines[i] for i in adds),
+            "acq_rel_counter": len(counters) == 1
+            and all(f".{word}." in lines[counters[0]] for word in ("acq_rel", "gpu")),
+            "relaxed_reset": bool(resets) and all(".relaxed." in lines[i] for i, _ in resets),
+            "adds_barrier_counter": barrier_between(adds, counters),
+            "counter_barrier_reads": barrier_between(counters, reads),
+            "reads_barrier_zeroing": barrier_between(reads, zeroing),
+            "sc_fences": sum("fence.sc" in line for line in lines)})
     return found
 
 
-def test_the_split_reduction_fences_its_adds_in_the_sm90_code():
-    """Compiled for sm90 (no GPU needed), in a process without the interpreter. The last share zeroes the workspace
-    only after a barrier: the zeros go out in the store's layout, by threads other than the ones that read. The adds
-    and the reset are relaxed: Triton's default (acq_rel) puts a GPU-wide membar before each thread's add and an
-    invalidation of all of L1 after it, which the fence makes needless."""
-    found = in_compiler("fence_order()")
-    assert len(found) == 2 and all(f["adds"] and f["fenced_adds"] and f["fenced_reads"] and f["zeroed_after_barrier"]
-                                   and f["relaxed"] for f in found), found
+def test_the_split_reduction_orders_its_adds_as_a_semaphore_in_the_sm90_code():
+    """Compiled for sm90 (no GPU needed), in a process without the interpreter: CUTLASS's split-K semaphore, as the
+    W4A16 task's kernels have it. Every thread's adds come before the barrier and the barrier before the counter's
+    add by one thread, whose release is cumulative at GPU scope; its acquire, passed on by a barrier, comes before
+    the last share's reads. The last share zeroes the workspace only after a barrier: the zeros go out in the
+    store's layout, by threads other than the ones that read. No fence.sc.gpu in every thread (a GPU-wide membar and
+    an invalidation of the SM's L1 each)."""
+    found = in_compiler("split_order()")
+    assert len(found) == 2, found
+    for f in found:
+        assert f["complete"] and f["relaxed_adds"] and f["acq_rel_counter"] and f["relaxed_reset"], f
+        assert f["adds_barrier_counter"] and f["counter_barrier_reads"] and f["reads_barrier_zeroing"], f
+        assert f["sc_fences"] == 0, f
 
 
 @pytest.mark.gpu
