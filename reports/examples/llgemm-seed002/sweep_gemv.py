@@ -7,10 +7,10 @@ pairs, and each plan's output is checked against the oracle once. One JSON line 
     SET=gemv (default): v35's family, unsplit and split GEMV plans at 12 panel points (sweep_gemv_v35.jsonl, 230 s)
     SET=vec: v60's family, 8 GEMV tiles each with VEC 1/8 and PREFETCH off/on, and 4 more, at the 14 points where
         v41 fell short of the seed or came close (sweep_vec_v60.jsonl, 96 s)
-    SET=cg: v64's family, the best tiles of SET=vec and three with more programs an SM, each with WEIGHT_CG off and
+    SET=cg: v65's family, the best tiles of SET=vec and three with more programs an SM, each with WEIGHT_CG off and
         on, at the points still short of the seed and five it qualified (about 45 s, estimated from SET=vec's rate)
-    SET=split: split plans (tensor-core and GEMV, 2-8 K shares) under v62's fenced split epilogue and v64's semaphore
-        one (what the fences cost), at six points (about 20 s)
+    SET=split: split plans (tensor-core and GEMV, 2-8 K shares) under v62's fenced split epilogue and v65's semaphore
+        one (v64's: what the fences cost), at six points (about 20 s; where plan() leaves one share, no row)
     FAMILY=tasks/llgemm/versions/vN/solution.py overrides the set's family; BUDGET=seconds (default 200; it stops
     between points past it)
 """
@@ -49,7 +49,7 @@ elif SET == "vec":
     PLANS += [dict(MMA=False, BLOCK_N=n, num_warps=w, BLOCK_K=k, SPLIT_K=s, VEC=8, PREFETCH=True)
               for (n, w, k, s) in ((4, 8, 2048, 2), (8, 8, 1024, 4), (2, 8, 2048, 4), (16, 8, 1024, 1))]
 elif SET == "cg":
-    FAMILY = os.environ.get("FAMILY", "tasks/llgemm/versions/v64/solution.py")
+    FAMILY = os.environ.get("FAMILY", "tasks/llgemm/versions/v65/solution.py")
     POINTS = [(8, 320, 10240), (8, 336, 10240), (2, 4096, 2560), (2, 3584, 2560), (4, 2560, 1536), (2, 62080, 2560),
               (1, 4096, 2560), (4, 320, 10240), (16, 320, 2560), (1, 62080, 2560)]
     TILES = [(1, 8, 2048, 8, False), (1, 8, 4096, 8, False), (2, 8, 2048, 1, False), (4, 4, 1024, 8, False),
@@ -58,7 +58,7 @@ elif SET == "cg":
     PLANS = [dict(MMA=False, BLOCK_N=n, num_warps=w, BLOCK_K=k, SPLIT_K=1, VEC=v, PREFETCH=p, WEIGHT_CG=cg)
              for (n, w, k, v, p) in TILES for cg in (False, True)]
 elif SET == "split":
-    FAMILY = os.environ.get("FAMILY", "tasks/llgemm/versions/v64/solution.py")
+    FAMILY = os.environ.get("FAMILY", "tasks/llgemm/versions/v65/solution.py")
     POINTS = [(8, 320, 10240), (8, 336, 10240), (16, 320, 2560), (4, 2560, 1536), (1, 2560, 1536), (1, 4096, 2560)]
     SPLITS = [dict(MMA=False, BLOCK_N=8, BLOCK_K=1024, num_warps=4, SPLIT_K=4, VEC=8),
               dict(MMA=False, BLOCK_N=4, BLOCK_K=2048, num_warps=8, SPLIT_K=2, VEC=8, PREFETCH=True),
@@ -66,8 +66,8 @@ elif SET == "split":
               dict(MMA=False, BLOCK_N=4, BLOCK_K=2048, num_warps=8, SPLIT_K=4),
               dict(MMA=False, BLOCK_N=8, BLOCK_K=512, num_warps=8, SPLIT_K=8, VEC=8, WEIGHT_CG=True),
               dict(MMA=True, BLOCK_N=32, BLOCK_K=128, num_warps=4, SPLIT_K=4)]
-    # each plan under v62's split epilogue (acq_rel adds, a fence.sc.gpu in every thread; v62 and v64 differ in
-    # nothing else), then v64's
+    # each plan under v62's split epilogue (acq_rel adds, a fence.sc.gpu in every thread; v62's kernel and v65's
+    # differ in nothing else), then v65's
     PLANS = [dict(plan, FAMILY=family) for plan in SPLITS
              for family in ("tasks/llgemm/versions/v62/solution.py", FAMILY)]
 else:
@@ -121,7 +121,7 @@ def main() -> None:
             module = family(config, f"{m}_{n}_{k}_{i}")
             plan = module.plan(m, n, k)
             key = (config.get("FAMILY", FAMILY), tuple(sorted(plan.items())))
-            if key in seen:  # plan() fitted two configurations to the same plan
+            if key in seen or SET == "split" and plan["SPLIT_K"] == 1:  # a plan already timed, or no split to time
                 continue
             seen.add(key)
             record = {"shape": [m, n, k], "cfg": config, "family": config.get("FAMILY", FAMILY),
