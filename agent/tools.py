@@ -251,17 +251,34 @@ class Tools:
 
 def profile_text(report: dict) -> str:
     """The roofline summary of a selfcheck report: per case latency, GB/s, fraction of copy bandwidth, and (measured
-    on a GPU only) host and GPU time per call and whether the verifier could time the case (``stable``)."""
-    lines = [f"{'case':<26} {'stratum':<12} {'median_us':>10} {'GB/s':>8} {'%copy':>6} {'speedup':>8} "
-             f"{'host_us':>8} {'gpu_us':>8} {'stable':>6}"]
-    for case in report.get("cases", []):
-        def num(key: str, spec: str, scale: float = 1.0) -> str:
-            value = case.get(key)
-            return fmt(None if value is None else value * scale, spec)
+    on a GPU only) host and GPU time per call and whether the verifier could time the case (``stable``). A
+    graph-paired task's report (cases with ``hot`` and ``flushed`` records) shows each regime's time a call and its
+    ratio to the baseline instead of the host and GPU times, which that timing leaves out."""
+    cases = report.get("cases", [])
+    paired = any(isinstance(case.get("hot"), dict) for case in cases)
+    lines = [f"{'case':<26} {'stratum':<12} {'median_us':>10} "
+             + (f"{'flush_us':>9} " if paired else "")
+             + f"{'GB/s':>8} {'%copy':>6} {'speedup':>8} "
+             + (f"{'hot_x':>8} {'flush_x':>8}" if paired else f"{'host_us':>8} {'gpu_us':>8}")
+             + f" {'stable':>6}"]
+    def num(record: dict | None, key: str, spec: str, scale: float = 1.0) -> str:
+        value = (record or {}).get(key)
+        return fmt(None if value is None else value * scale, spec)
+
+    for case in cases:
         stable = {True: "yes", False: "NO"}.get(case.get("stable"), "-")
-        lines.append(f"{case['case']['name']:<26} {case['case']['stratum']:<12} {num('median_us', '.2f'):>10} "
-                     f"{num('gbps', '.1f'):>8} {num('roofline_fraction', '.1f', 100):>6} {num('speedup', '.3f'):>8} "
-                     f"{num('host_us', '.1f'):>8} {num('gpu_us', '.1f'):>8} {stable:>6}")
+        hot, flushed = case.get("hot"), case.get("flushed")
+        lines.append(f"{case['case']['name']:<26} {case['case']['stratum']:<12} {num(case, 'median_us', '.2f'):>10} "
+                     + (f"{num(flushed, 'candidate_us', '.2f'):>9} " if paired else "")
+                     + f"{num(case, 'gbps', '.1f'):>8} {num(case, 'roofline_fraction', '.1f', 100):>6} "
+                     + f"{num(case, 'speedup', '.3f'):>8} "
+                     + (f"{num(hot, 'ratio', '.3f'):>8} {num(flushed, 'ratio', '.3f'):>8}" if paired
+                        else f"{num(case, 'host_us', '.1f'):>8} {num(case, 'gpu_us', '.1f'):>8}")
+                     + f" {stable:>6}")
+    if paired:
+        lines.append("graph-paired timing: median_us is the hot replays' time a call, flush_us the L2-flushed ones'; "
+                     "hot_x and flush_x are the baseline's time over the candidate's in each (paired in one "
+                     "process); speedup is the smaller of the two; GB/s and %copy are the flushed time's")
     strata = ", ".join(f"{k} {fmt(v)}" for k, v in report.get("strata", {}).items())
     lines.append(f"speedup over the baseline by stratum: {strata}; copy bandwidth {report.get('copy_gbps') or '-'} "
                  "GB/s")

@@ -367,6 +367,27 @@ def test_the_profile_the_prompt_shows_says_which_cases_are_host_bound(stable, sh
     assert text.splitlines()[1].split()[-1] == shown and ("host-bound (" in text) == (stable is False)
 
 
+def test_the_profile_of_a_graph_paired_report_shows_each_regime():
+    """A graph-paired task (hot and L2-flushed CUDA-graph replays) has no host and GPU times a call: the prompt's
+    profile shows each regime's time and ratio to the baseline, so the smaller one, the speedup, says which regime
+    holds a case back."""
+    def case(name: str, hot: float, flushed: float) -> dict:
+        return {"case": {"name": name, "stratum": "m1"}, "median_us": 5.0, "gbps": 2000.0, "roofline_fraction": 0.5,
+                "speedup": min(hot, flushed), "host_us": None, "gpu_us": None, "stable": True,
+                "hot": {"candidate_us": 5.0, "baseline_us": 5.0 * hot, "ratio": hot},
+                "flushed": {"candidate_us": 9.0, "baseline_us": 9.0 * flushed, "ratio": flushed}}
+
+    text = profile_text({"cases": [case("1x4096x2560", 1.204, 1.071), case("2x4096x2560", 0.981, 1.012)],
+                         "strata": {"m1": 1.0}})
+    header, first, second = text.splitlines()[:3]
+    assert header.split()[3:] == ["flush_us", "GB/s", "%copy", "speedup", "hot_x", "flush_x", "stable"]
+    assert first.split()[2:] == ["5.00", "9.00", "2000.0", "50.0", "1.071", "1.204", "1.071", "yes"]
+    assert second.split()[-3:-1] == ["0.981", "1.012"] and "graph-paired timing" in text
+    # an eager-timed report keeps its host and GPU columns, and no such note
+    eager = profile_text({**gpu_report(("a", "balanced", True, 40.0)), "strata": {}})
+    assert "host_us" in eager.splitlines()[0] and "graph-paired" not in eager
+
+
 def test_the_limit_comes_from_the_report_that_judged_by_it():
     from agent.stability import LEGACY_LIMIT, limit_of, qualification_failed
 
