@@ -28,7 +28,11 @@ Everything comes from the ledger and the snapshots (``versions/vN/solution.py`` 
 configuration a recorded version holds (a move that would make one again is tried, in this run or a later one) and,
 for the attempts made from the best (in any run) that were correct on every case and timed on the best's kind of
 device, the numbers that make the incumbents. So a resumed run, or a new one started from the best (``--from vN``),
-goes on where the last stopped. Nothing here imports candidate code.
+goes on where the last stopped. A version whose tables are the best's counts as the best here: a kernel change
+submitted with the tables unchanged (``agent submit``) goes on where the search from its parent stopped. A knob a
+table of the best holds and the same table of an earlier version lacks (a knob added since, whose value in the
+general table keeps the earlier code) is read there at the best's general value. Nothing here imports candidate
+code.
 """
 from __future__ import annotations
 
@@ -104,14 +108,41 @@ def summarize(kind: str, moved: list[Change]) -> str:
 
 
 class History:
-    """The ledger's rows and the snapshots they name, each read once."""
+    """The ledger's rows and the snapshots they name, each read once; each snapshot's tables read with the knobs the
+    best's same-named table holds that it lacks, at the best's general value (``tables``: the best's)."""
 
-    def __init__(self, tools: Tools, task: Task, gpu: bool):
+    def __init__(self, tools: Tools, task: Task, gpu: bool, tables: list[Table] = ()):
         self.tools, self.task, self.gpu = tools, task, gpu
         self.sources: dict[str, str | None] = {}
         self.cases: dict[str, dict[str, float]] = {}
         ledger = tools.read_file(task.ledger)["output"]
         self.rows = [parse_row(line, task) for line in ledger.splitlines() if ATTEMPT_ROW.match(line)]
+        general = tables[0].entries if tables else {}
+        self.fill = {t.name: {knob: general[knob] for knob in t.entries
+                              if knob in general and not isinstance(general[knob], _Source)} for t in tables}
+
+    def tables(self, version: str) -> list[Table] | None:
+        """The version's tables (None without a snapshot), each with the knobs it lacks that the best's holds."""
+        source = self.source(version)
+        if source is None:
+            return None
+        found = []
+        for table in find_tables(source, self.task):
+            missing = {knob: value for knob, value in self.fill.get(table.name, {}).items()
+                       if knob not in table.entries}
+            found.append(replace_entries(table, {**table.entries, **missing}) if missing else table)
+        return found
+
+    def lineage(self, best: str | None, tables: list[Table]) -> set[str]:
+        """The best and every recorded version whose tables are the best's (``tables``): attempts made from any of
+        them were made from the same tables."""
+        if best is None:
+            return set()
+        mine = {configuration(t.name, t.entries) for t in tables}
+        versions = dict.fromkeys(v for row in self.rows for v in (row.get("version"), row.get("parent")) if v)
+        alike = {v for v in versions if (theirs := self.tables(v)) is not None
+                 and {configuration(t.name, t.entries) for t in theirs} == mine}
+        return alike | {best}
 
     def source(self, version: str) -> str | None:
         if version not in self.sources:
@@ -141,17 +172,17 @@ class History:
         ``measured``, only of the versions whose numbers are trusted (``speedups``): what has been timed."""
         found = set()
         for row in self.rows:
-            source = self.source(row["version"])
-            if source is not None and (not measured or self.speedups(row["version"])):
-                found |= {configuration(t.name, t.entries) for t in find_tables(source, self.task)}
+            tables = self.tables(row["version"])
+            if tables is not None and (not measured or self.speedups(row["version"])):
+                found |= {configuration(t.name, t.entries) for t in tables}
         return found
 
     def moved(self, row: dict) -> list[Change]:
         """What a row's version changed against its parent (nothing when either snapshot is missing)."""
-        mine, theirs = self.source(row["version"]), self.source(row["parent"])
+        mine, theirs = self.tables(row["version"]), self.tables(row["parent"])
         if mine is None or theirs is None:
             return []
-        return changes(find_tables(theirs, self.task), find_tables(mine, self.task))
+        return changes(theirs, mine)
 
 
 def configuration(name: str, entries: dict) -> tuple:
@@ -182,11 +213,13 @@ def held(table: Table, shapes: dict[str, Shape], tables: list[Table]) -> list[st
 
 
 def incumbents(history: History, best_label: str | None, tables: list[Table], shapes: dict[str, Shape],
-               best: dict[str, float]) -> dict[str, Incumbent]:
-    """Each table's incumbent: the best's own values and numbers, then every attempt made from the best (its parent,
-    in any run: a run started from a version goes on where an earlier run from it stopped), in ledger order, each
-    table taking an attempt's values where every case it holds ran 1 + MARGIN faster. A table's ``won`` starts as
-    the single change the best itself made to it, when the best is a per-table merge."""
+               best: dict[str, float], lineage: set[str] | None = None) -> dict[str, Incumbent]:
+    """Each table's incumbent: the best's own values and numbers, then every attempt made from the best or from a
+    version with its tables (``lineage``, by default the best alone; its parent, in any run: a run started from a
+    version goes on where an earlier run from it stopped), in ledger order, each table taking an attempt's values
+    where every case it holds ran 1 + MARGIN faster. A table's ``won`` starts as the single change the best itself
+    made to it, when the best is a per-table merge."""
+    parents = {best_label} if lineage is None else lineage
     found = {t.name: Incumbent(dict(t.entries), {c: best[c] for c in held(t, shapes, tables) if c in best})
              for t in tables}
     own = next((row for row in history.rows if row.get("version") == best_label), None)
@@ -197,13 +230,13 @@ def incumbents(history: History, best_label: str | None, tables: list[Table], sh
     if own is not None and own.get("summary / hypothesis", "").startswith(STEP):
         undo_losses(history, own, tables, found)
     for row in history.rows:
-        if best_label is None or row.get("parent") != best_label:
+        if best_label is None or row.get("parent") not in parents:
             continue
-        source = history.source(row["version"])
-        if source is None:
+        theirs = history.tables(row["version"])
+        if theirs is None:
             continue
         numbers = history.speedups(row["version"])
-        for table in find_tables(source, history.task):
+        for table in theirs:
             incumbent = found.get(table.name)
             if incumbent is None or table.entries == incumbent.entries or not incumbent.speedups:
                 continue
@@ -222,10 +255,10 @@ def undo_losses(history: History, row: dict, tables: list[Table], found: dict[st
     """A step the keep rule kept (its score beat the best's) still holds the moves that lost: each table whose cases
     did not all win by the margin over the step's parent takes the parent's values and numbers back as its incumbent,
     so that the next merge undoes its move. Nothing to compare where the parent's numbers are not trusted."""
-    parent, before = history.source(row["parent"]), history.speedups(row["parent"])
+    parent, before = history.tables(row["parent"]), history.speedups(row["parent"])
     if parent is None or not before:
         return
-    theirs = {t.name: t.entries for t in find_tables(parent, history.task)}
+    theirs = {t.name: t.entries for t in parent}
     for table in tables:
         incumbent = found[table.name]
         old = theirs.get(table.name)
@@ -342,10 +375,11 @@ def iterate(context: IterationContext, tools: Tools, source: str, tables: list[T
     in the run's last iteration; else a step. ``known(proposal)`` says whether the ledger holds that solution already.
     Ends in ``tools.submit``, or LimitsExceeded when no table has a move left."""
     task = tools.task
-    history = History(tools, task, gpu=not (context.profile or {}).get("interpreted", True))
+    history = History(tools, task, gpu=not (context.profile or {}).get("interpreted", True), tables=tables)
     shapes = panel_shapes(context.profile, task)
     best = _speedups({(c.get("case") or {}).get("name"): c for c in (context.profile or {}).get("cases") or []})
-    found = incumbents(history, context.best, tables, shapes, best)
+    lineage = history.lineage(context.best, tables)
+    found = incumbents(history, context.best, tables, shapes, best, lineage)
     final = context.last or context.iters is not None and context.iteration >= context.iters
 
     def submit(edits: dict, moved: list[Change], kind: str, reason: str) -> None:
@@ -356,10 +390,11 @@ def iterate(context: IterationContext, tools: Tools, source: str, tables: list[T
         tools.submit(summarize(kind, moved), reason)
 
     pending = [c for t in tables for c in found[t.name].changes]
-    since = 0  # steps from the best since its last merge attempt
+    since = 0  # steps from the best (or a version with its tables) since its last merge attempt
     for row in history.rows:
-        if row.get("parent") == context.best:
-            since = since + 1 if row.get("summary / hypothesis", "").startswith(STEP) else 0
+        if row.get("parent") in lineage:
+            kind = row.get("summary / hypothesis", "")
+            since = since + 1 if kind.startswith(STEP) else 0 if kind.startswith(MERGE) else since
     gain = estimated_gain(tables, found, shapes, best) if pending else 1.0
     if pending and (final or since >= MERGE_AFTER and gain >= MERGE_FLOOR or gain >= MERGE_GAIN) or final:
         switched = losing(tables, found, space) if final else []

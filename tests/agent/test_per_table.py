@@ -337,3 +337,43 @@ def test_a_jump_leaves_a_computed_value_alone(tools):  # noqa: F811
     record(tools, "v1", "v0", computed, "start", "keep")
     step, submitted = propose(tools, computed, {"a": 1.0, "b": 1.0, "c": 1.0})
     assert "jump to BLOCK=16, SPLIT=4 in 2" in submitted.hypothesis and '"SPLIT": 2 - 1' in step
+
+
+def with_knob(source: str) -> str:
+    """``source`` with a knob added to its kernel (VEC, the last in the space's order), every table holding it at the
+    value that keeps the earlier code: what `agent submit` records for a kernel change with the tables unchanged."""
+    knob = '        "VEC": {"values": [1, 8], "reason": {"up": "wider vectors", "down": "narrower vectors"}},\n'
+    added = source.replace('"SPLIT": 1, "FALLBACK": False}', '"SPLIT": 1, "VEC": 1, "FALLBACK": False}')
+    added = added.replace('"SPLIT": 1,\n     "FALLBACK": False}', '"SPLIT": 1, "VEC": 1,\n     "FALLBACK": False}')
+    added = added.replace('    "only_when": {', '    "only_when": {"VEC": [{"FALLBACK": [False]}], ')
+    return added.replace('        "FALLBACK": {"values"', knob + '        "FALLBACK": {"values"')
+
+
+def test_a_kernel_change_with_the_tables_unchanged_goes_on_where_the_search_stopped(tools):  # noqa: F811
+    """A version submitted by hand from the best with its tables unchanged but for a new knob at its old value: the
+    attempts made from the best count as made from it (their tables read with the knob at the general value), so a
+    table's win carries over into a merge, and a move tried from the best is not tried again."""
+    tools.task = replace(tools.task, **FACTS)
+    added = with_knob(SOURCE)
+    assert added.count('"VEC": 1') == 4 and '"VEC": {"values"' in added
+    start = {"a": 1.0, "b": 0.8, "c": 1.2}
+    record(tools, "v1", "v0", SOURCE, "start", "keep")
+    step, submitted = propose(tools, SOURCE, start)
+    assert [e["BLOCK"] for e in entries(step, tools.task)] == [64, 64, 64]
+    record(tools, "v2", "v1", step, submitted.summary, "revert (0.990x best)", {"a": 2.0, "b": 0.7, "c": 1.2})
+    record(tools, "v3", "v1", added, "a new knob, tables unchanged", "revert (no GPU)", gpu=False)
+    # from v3 (the run's start measures it): TIERS[0]'s win from v1 makes the merge, with VEC left at 1
+    merged, submitted = propose(tools, added, start, label="v3")
+    assert submitted.summary == "per-table merge: 1 table(s): TIERS[0] BLOCK 32->64", submitted.summary
+    assert [(e["BLOCK"], e["VEC"]) for e in entries(merged, tools.task)] == [(64, 1), (32, 1), (32, 1)]
+    # that merge reverted: the next step takes each table past the moves v2 tried (BLOCK 32->64), not those again
+    record(tools, "v4", "v3", merged, submitted.summary, "revert (1.004x best, noise 0.010)",
+           {"a": 2.0, "b": 0.8, "c": 1.2})
+    step2, submitted = propose(tools, added, start, last="v4", label="v3")
+    assert submitted.summary.startswith("per-table step: 3 table(s): TIERS[0] SPLIT 1->2, TIERS[1] BLOCK 32->16, "
+                                        "TIERS[2] BLOCK 32->16"), submitted.summary
+    # a version whose tables differ (v2, a step) is no part of v3's lineage; v1 and v3 are
+    from agent.proposers.per_table import History
+
+    history = History(tools, tools.task, gpu=True, tables=find_tables(added, tools.task))
+    assert history.lineage("v3", find_tables(added, tools.task)) == {"v1", "v3"}
