@@ -29,10 +29,11 @@ configuration a recorded version holds (a move that would make one again is trie
 for the attempts made from the best (in any run) that were correct on every case and timed on the best's kind of
 device, the numbers that make the incumbents. So a resumed run, or a new one started from the best (``--from vN``),
 goes on where the last stopped. A version whose tables are the best's counts as the best here: a kernel change
-submitted with the tables unchanged (``agent submit``) goes on where the search from its parent stopped. A knob a
-table of the best holds and the same table of an earlier version lacks (a knob added since, whose value in the
-general table keeps the earlier code) is read there at the best's general value. Nothing here imports candidate
-code.
+submitted with the tables unchanged (``agent submit``) goes on where the search from its parent stopped, each
+attempt made from the parent counted by its gain over the parent's own numbers (the kernels differ). A knob a table
+of the best holds and the same table of an earlier version lacks (a knob added since) is read there at the value it
+came in with, its value in the first general table that has it, which by convention keeps the earlier code. Nothing
+here imports candidate code.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ import math
 from dataclasses import dataclass, field
 
 from agent.config import Task
-from agent.exceptions import LimitsExceeded
+from agent.exceptions import LimitsExceeded, ProposerError
 from agent.ledger import ATTEMPT_ROW, parse_row
 from agent.proposers import IterationContext
 from agent.proposers.offline import Move, Shape, Table, _Source, admits, find_tables, refused, render, single_moves
@@ -109,29 +110,45 @@ def summarize(kind: str, moved: list[Change]) -> str:
 
 class History:
     """The ledger's rows and the snapshots they name, each read once; each snapshot's tables read with the knobs the
-    best's same-named table holds that it lacks, at the best's general value (``tables``: the best's)."""
+    best's same-named table holds that it lacks (``tables``: the best's), at the value the knob came in with: its
+    value in the general table of the first recorded version that has it (a knob added to a kernel keeps the
+    earlier code at that value)."""
 
     def __init__(self, tools: Tools, task: Task, gpu: bool, tables: list[Table] = ()):
         self.tools, self.task, self.gpu = tools, task, gpu
         self.sources: dict[str, str | None] = {}
+        self.parsed: dict[str, list[Table] | None] = {}
         self.cases: dict[str, dict[str, float]] = {}
         ledger = tools.read_file(task.ledger)["output"]
         self.rows = [parse_row(line, task) for line in ledger.splitlines() if ATTEMPT_ROW.match(line)]
-        general = tables[0].entries if tables else {}
-        self.fill = {t.name: {knob: general[knob] for knob in t.entries
-                              if knob in general and not isinstance(general[knob], _Source)} for t in tables}
+        self.held = {t.name: set(t.entries) for t in tables}
+        self.introduced: dict[str, object] = {}
+        wanted = set().union(*self.held.values()) if self.held else set()
+        for version in dict.fromkeys(row.get("version") for row in self.rows):
+            general = (self._read(version) or [None])[0]
+            for knob in (wanted - set(self.introduced)) & set(general.entries if general else ()):
+                if not isinstance(general.entries[knob], _Source):
+                    self.introduced[knob] = general.entries[knob]
+
+    def _read(self, version: str | None) -> list[Table] | None:
+        """The version's tables as its snapshot holds them; None without a snapshot or where it cannot be read."""
+        if version not in self.parsed:
+            source = self.source(version) if version else None
+            try:
+                self.parsed[version] = None if source is None else find_tables(source, self.task)
+            except (ProposerError, SyntaxError, ValueError):  # a snapshot the search cannot read is no history
+                self.parsed[version] = None
+        return self.parsed[version]
 
     def tables(self, version: str) -> list[Table] | None:
-        """The version's tables (None without a snapshot), each with the knobs it lacks that the best's holds."""
-        source = self.source(version)
-        if source is None:
-            return None
+        """The version's tables (None without a readable snapshot), each with the knobs it lacks that the best's
+        holds, at the value each came in with."""
         found = []
-        for table in find_tables(source, self.task):
-            missing = {knob: value for knob, value in self.fill.get(table.name, {}).items()
-                       if knob not in table.entries}
+        for table in self._read(version) or []:
+            missing = {knob: self.introduced[knob] for knob in self.held.get(table.name, ())
+                       if knob not in table.entries and knob in self.introduced}
             found.append(replace_entries(table, {**table.entries, **missing}) if missing else table)
-        return found
+        return found if self._read(version) is not None else None
 
     def lineage(self, best: str | None, tables: list[Table]) -> set[str]:
         """The best and every recorded version whose tables are the best's (``tables``): attempts made from any of
@@ -217,12 +234,19 @@ def incumbents(history: History, best_label: str | None, tables: list[Table], sh
     """Each table's incumbent: the best's own values and numbers, then every attempt made from the best or from a
     version with its tables (``lineage``, by default the best alone; its parent, in any run: a run started from a
     version goes on where an earlier run from it stopped), in ledger order, each table taking an attempt's values
-    where every case it holds ran 1 + MARGIN faster. A table's ``won`` starts as the single change the best itself
-    made to it, when the best is a per-table merge."""
+    where every case it holds ran 1 + MARGIN faster. An attempt made from another version of the lineage (whose
+    kernel may differ from the best's) counts by its gain over that version's own numbers, applied to the best's;
+    none where that version has no trusted numbers. A table's ``won`` starts as the single change the search's last
+    attempt in the lineage made to it (the best's own, or, for a best recorded by hand, its nearest such ancestor's),
+    when that was a per-table merge."""
     parents = {best_label} if lineage is None else lineage
     found = {t.name: Incumbent(dict(t.entries), {c: best[c] for c in held(t, shapes, tables) if c in best})
              for t in tables}
-    own = next((row for row in history.rows if row.get("version") == best_label), None)
+    rows = {row.get("version"): row for row in history.rows}
+    own = rows.get(best_label)
+    while own is not None and not own.get("summary / hypothesis", "").startswith((STEP, MERGE)) \
+            and own.get("parent") in parents and own.get("parent") != own.get("version"):
+        own = rows.get(own.get("parent"))
     if own is not None and own.get("summary / hypothesis", "").startswith(MERGE):
         for table, moved in _by_table(history.moved(own)).items():
             if table in found and len(moved) == 1:
@@ -236,6 +260,10 @@ def incumbents(history: History, best_label: str | None, tables: list[Table], sh
         if theirs is None:
             continue
         numbers = history.speedups(row["version"])
+        if row.get("parent") != best_label:  # its gain over its own parent, on the best's numbers
+            before = history.speedups(row["parent"])
+            numbers = {case: value * best[case] / before[case] for case, value in numbers.items()
+                       if case in best and before.get(case)}
         for table in theirs:
             incumbent = found.get(table.name)
             if incumbent is None or table.entries == incumbent.entries or not incumbent.speedups:

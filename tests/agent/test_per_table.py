@@ -351,25 +351,30 @@ def with_knob(source: str) -> str:
 
 def test_a_kernel_change_with_the_tables_unchanged_goes_on_where_the_search_stopped(tools):  # noqa: F811
     """A version submitted by hand from the best with its tables unchanged but for a new knob at its old value: the
-    attempts made from the best count as made from it (their tables read with the knob at the general value), so a
-    table's win carries over into a merge, and a move tried from the best is not tried again."""
+    attempts made from the best count as made from it (their tables read with the knob at the value it came in with),
+    each by its gain over the numbers of the version it was made from, applied to the new best's own (its kernel may
+    be faster or slower); so a table's win carries over into a merge, a gain under the margin does not, and a move
+    tried from the earlier best is not tried again."""
     tools.task = replace(tools.task, **FACTS)
     added = with_knob(SOURCE)
     assert added.count('"VEC": 1') == 4 and '"VEC": {"values"' in added
     start = {"a": 1.0, "b": 0.8, "c": 1.2}
-    record(tools, "v1", "v0", SOURCE, "start", "keep")
+    record(tools, "v1", "v0", SOURCE, "start", "keep", start)
     step, submitted = propose(tools, SOURCE, start)
     assert [e["BLOCK"] for e in entries(step, tools.task)] == [64, 64, 64]
-    record(tools, "v2", "v1", step, submitted.summary, "revert (0.990x best)", {"a": 2.0, "b": 0.7, "c": 1.2})
+    # TIERS[0]'s case won, TIERS[2]'s gained less than the margin over v1's own numbers
+    record(tools, "v2", "v1", step, submitted.summary, "revert (0.990x best)",
+           {"a": 2.0, "b": 0.7, "c": 1.2 * (1 + MARGIN / 2)})
     record(tools, "v3", "v1", added, "a new knob, tables unchanged", "revert (no GPU)", gpu=False)
-    # from v3 (the run's start measures it): TIERS[0]'s win from v1 makes the merge, with VEC left at 1
-    merged, submitted = propose(tools, added, start, label="v3")
+    # from v3, whose kernel the run's start measured slower on c: c's old number (over v3's) is no win, a's is
+    measured = {"a": 1.1, "b": 0.8, "c": 0.9}
+    merged, submitted = propose(tools, added, measured, label="v3")
     assert submitted.summary == "per-table merge: 1 table(s): TIERS[0] BLOCK 32->64", submitted.summary
     assert [(e["BLOCK"], e["VEC"]) for e in entries(merged, tools.task)] == [(64, 1), (32, 1), (32, 1)]
     # that merge reverted: the next step takes each table past the moves v2 tried (BLOCK 32->64), not those again
     record(tools, "v4", "v3", merged, submitted.summary, "revert (1.004x best, noise 0.010)",
-           {"a": 2.0, "b": 0.8, "c": 1.2})
-    step2, submitted = propose(tools, added, start, last="v4", label="v3")
+           {"a": 2.2, "b": 0.8, "c": 0.9})
+    step2, submitted = propose(tools, added, measured, last="v4", label="v3")
     assert submitted.summary.startswith("per-table step: 3 table(s): TIERS[0] SPLIT 1->2, TIERS[1] BLOCK 32->16, "
                                         "TIERS[2] BLOCK 32->16"), submitted.summary
     # a version whose tables differ (v2, a step) is no part of v3's lineage; v1 and v3 are
@@ -377,3 +382,28 @@ def test_a_kernel_change_with_the_tables_unchanged_goes_on_where_the_search_stop
 
     history = History(tools, tools.task, gpu=True, tables=find_tables(added, tools.task))
     assert history.lineage("v3", find_tables(added, tools.task)) == {"v1", "v3"}
+    # the knob is read at the value it came in with (v3's general table: 1), whatever the best's general holds now
+    later = History(tools, tools.task, gpu=True,
+                    tables=find_tables(added.replace('"SPLIT": 1, "VEC": 1, "FALLBACK"', '"SPLIT": 1, "VEC": 8, '
+                                                     '"FALLBACK"', 1), tools.task))
+    assert [t.entries["VEC"] for t in later.tables("v1")] == [1, 1, 1, 1]
+
+
+def test_steps_count_toward_a_merge_across_a_version_recorded_by_hand(tools):  # noqa: F811
+    """The steps since the last merge attempt go on counting past a row that is neither (a version submitted by hand
+    from the best): MERGE_AFTER steps bring the merge once the estimate is over MERGE_FLOOR."""
+    from agent.proposers.per_table import MERGE_AFTER
+
+    tools.task = replace(tools.task, **FACTS)
+    start = {"a": 1.0, "b": 1.0, "c": 1.0}
+    record(tools, "v1", "v0", SOURCE, "start", "keep", start)
+    numbers, last = dict(start), None
+    for i in range(MERGE_AFTER):
+        proposal, submitted = propose(tools, SOURCE, start, last=last)
+        assert submitted.summary.startswith("per-table step"), (i, submitted.summary)
+        numbers["a"] *= 1 + 3 * MARGIN
+        last = f"v{2 * i + 2}"
+        record(tools, last, "v1", proposal, submitted.summary, "revert (~0.99x best)", numbers)
+        record(tools, f"v{2 * i + 3}", "v1", SOURCE + "\n# a note\n", "by hand", "revert (no GPU)", gpu=False)
+    merged, submitted = propose(tools, SOURCE, start, last=last)
+    assert submitted.summary.startswith("per-table merge"), submitted.summary
