@@ -71,6 +71,9 @@ class Task:
     sample_cases: tuple[dict, ...] = ()
     """Dimensions of cases the strata span, for the offline search when no profile names the panel's own cases."""
     description: str = ""
+    timing: str = "eager-groups"
+    """The manifest's timing protocol: "eager-groups" (CUDA events over groups of eager calls, with the host-bound
+    rule) or "graph-paired" (CUDA-graph replay paired with the baseline, hot and L2-flushed); the prompt says which."""
     eval_timeout_s: float = field(default_factory=lambda: float(os.environ.get("KLOOP_EVAL_TIMEOUT", "900")))
     """Wall-clock limit of each evaluator subprocess; on expiry its whole process group is killed. A run lowers it for
     its attempts to follow the panel (agent.evaluate.panel_limit)."""
@@ -120,7 +123,7 @@ class Task:
                    readable=tuple(data.get("readable", ())), tools=data.get("tools", {}),
                    tier_dims=data.get("tier_dims", {}),
                    sample_cases=tuple(data.get("sample_cases", ())), description=data.get("description", ""),
-                   commands=commands, **replaced)
+                   timing=data.get("timing", "eager-groups"), commands=commands, **replaced)
 
     def command(self, stage: str) -> tuple[str, ...]:
         """The evaluator command (python arguments) of a stage."""

@@ -109,7 +109,8 @@ class Run:
         last = self.state.last_verdict
         values = dict(spec=(self.task.root / self.task.spec).read_text(), run_id=self.state.run_id, iteration=iteration,
                       iters=self.config.iters, best_label=self.state.best_label, best_score=fmt(self.state.best_score),
-                      timing_note=render("timing_gpu" if self.config.cuda else "timing_interpreter"),
+                      timing_note=render(("timing_graph" if self.task.timing == "graph-paired" else "timing_gpu")
+                                         if self.config.cuda else "timing_interpreter"),
                       solution=(self.tools.candidate / "solution.py").read_text(), main=self.task.candidate_dir,
                       baseline=self.task.baseline_label)
         feedback = dict(ledger_header=ledger.header(self.task),

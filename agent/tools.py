@@ -17,6 +17,7 @@ from agent.config import Task
 from agent.evaluate import Evaluator
 from agent.exceptions import FormatError, Submitted
 from agent.ledger import fmt, solution_files
+from agent.prompts import render
 
 SPEC_NAMES = ("spec", "spec.md")
 # An optional line naming the file (it must end in .py, so a ``` fence line is never taken for one), then the block.
@@ -74,10 +75,12 @@ class Tools:
         self.specs = specs(task)
 
     def prompt_values(self) -> dict[str, str]:
-        """What the system prompt names: the candidate's folder, the ledger, the versions and the check tools."""
+        """What the system prompt names: the candidate's folder, the ledger, the versions, the check tools and what
+        speed counts under the task's timing protocol."""
         checks = "".join(f"{name}(), " for name in self.task.tools)
+        speed = render("speed_graph" if self.task.timing == "graph-paired" else "speed_eager")
         return {"main": self.task.candidate_dir, "ledger": self.task.ledger, "versions": self.task.versions_dir,
-                "check_tools": checks, "checks": ", ".join(self.task.checks) or "none"}
+                "check_tools": checks, "checks": ", ".join(self.task.checks) or "none", "speed": speed}
 
     def call(self, name: str, arguments: Any) -> dict:
         """Dispatch a tool call by name; an unknown tool or wrong arguments is a FormatError. A tool that fails on its
@@ -255,7 +258,8 @@ def profile_text(report: dict) -> str:
     graph-paired task's report (cases with ``hot`` and ``flushed`` records) shows each regime's time a call and its
     ratio to the baseline instead of the host and GPU times, which that timing leaves out."""
     cases = report.get("cases", [])
-    paired = any(isinstance(case.get("hot"), dict) for case in cases)
+    paired = (report.get("timing") or {}).get("protocol") == "graph-paired" \
+        or any(isinstance(case.get("hot"), dict) for case in cases)
     lines = [f"{'case':<26} {'stratum':<12} {'median_us':>10} "
              + (f"{'flush_us':>9} " if paired else "")
              + f"{'GB/s':>8} {'%copy':>6} {'speedup':>8} "
@@ -275,7 +279,7 @@ def profile_text(report: dict) -> str:
                      + (f"{num(hot, 'ratio', '.3f'):>8} {num(flushed, 'ratio', '.3f'):>8}" if paired
                         else f"{num(case, 'host_us', '.1f'):>8} {num(case, 'gpu_us', '.1f'):>8}")
                      + f" {stable:>6}")
-    if paired:
+    if paired and not report.get("interpreted"):
         lines.append("graph-paired timing: median_us is the hot replays' time a call, flush_us the L2-flushed ones'; "
                      "hot_x and flush_x are the baseline's time over the candidate's in each (paired in one "
                      "process); speedup is the smaller of the two; GB/s and %copy are the flushed time's")

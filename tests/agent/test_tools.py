@@ -13,6 +13,7 @@ import pytest
 from agent.config import Task
 from agent.evaluate import Evaluator
 from agent.exceptions import FormatError, Submitted
+from agent.prompts import render
 from agent.tools import SPEC_NAMES, Tools, openai_tools, specs
 
 
@@ -200,6 +201,13 @@ def test_the_tools_are_the_tasks_and_its_declared_checks_dispatch_to_their_stage
     assert answer["output"].startswith(f"checked --task {project / 'tasks' / 'w4a16'} --solution {checked.candidate} "
                                        "--panel smoke --json ")
     assert answer["output"].endswith("\nmemory: c1: alive: 3 buffers kept")
-    assert checked.prompt_values() == {"main": "methods/main", "ledger": "methods/experiment_log.md",
-                                       "versions": "methods/versions", "check_tools": "run_memory_check(), ",
-                                       "checks": "memory, gates"}
+    values = checked.prompt_values()
+    assert values == {"main": "methods/main", "ledger": "methods/experiment_log.md", "versions": "methods/versions",
+                      "check_tools": "run_memory_check(), ", "checks": "memory, gates", "speed": values["speed"]}
+    # what speed counts follows the task's timing protocol: the host-bound rule for eager groups, both regimes of a
+    # graph-paired task
+    assert checked.task.timing == "eager-groups" and "host_us, gpu_us and stable" in values["speed"]
+    paired = Tools(dataclasses.replace(other, timing="graph-paired"), tools.worktree, checked.evaluator)
+    assert "hot_x and flush_x" in paired.prompt_values()["speed"] and "host_us" not in paired.prompt_values()["speed"]
+    system = render("system", **paired.prompt_values())
+    assert "$" not in system and "L2-flushed" in system and "1.3x its host cost" not in system

@@ -154,6 +154,7 @@ def test_prompts_fail_on_a_missing_variable_and_config_on_an_unknown_key():
     with pytest.raises(KeyError):
         render("trimmed")
     assert render("timing_interpreter").endswith("not GPU timings") and "\n" not in render("timing_gpu")
+    assert "\n" not in render("timing_graph") and "L2-flushed" in render("timing_graph")
     with pytest.raises(ValueError, match="unknown key"):
         from_dict(RunConfig, {"iters": 3, "iterations": 4})
 
