@@ -258,7 +258,8 @@ def profile_text(report: dict) -> str:
     graph-paired task's report (cases with ``hot`` and ``flushed`` records) shows each regime's time a call and its
     ratio to the baseline instead of the host and GPU times, which that timing leaves out."""
     cases = report.get("cases", [])
-    paired = (report.get("timing") or {}).get("protocol") == "graph-paired" \
+    timing = report.get("timing")
+    paired = isinstance(timing, dict) and timing.get("protocol") == "graph-paired" \
         or any(isinstance(case.get("hot"), dict) for case in cases)
     lines = [f"{'case':<26} {'stratum':<12} {'median_us':>10} "
              + (f"{'flush_us':>9} " if paired else "")

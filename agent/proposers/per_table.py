@@ -111,24 +111,35 @@ def summarize(kind: str, moved: list[Change]) -> str:
 class History:
     """The ledger's rows and the snapshots they name, each read once; each snapshot's tables read with the knobs the
     best's same-named table holds that it lacks (``tables``: the best's), at the value the knob came in with: its
-    value in the general table of the first recorded version that has it (a knob added to a kernel keeps the
-    earlier code at that value)."""
+    value in the general table of the best's first ancestor (``best``; else the first recorded version) that has it
+    (a knob added to a kernel keeps the earlier code at that value); none where that value is an expression."""
 
-    def __init__(self, tools: Tools, task: Task, gpu: bool, tables: list[Table] = ()):
+    def __init__(self, tools: Tools, task: Task, gpu: bool, tables: list[Table] = (), best: str | None = None):
         self.tools, self.task, self.gpu = tools, task, gpu
         self.sources: dict[str, str | None] = {}
         self.parsed: dict[str, list[Table] | None] = {}
         self.cases: dict[str, dict[str, float]] = {}
         ledger = tools.read_file(task.ledger)["output"]
         self.rows = [parse_row(line, task) for line in ledger.splitlines() if ATTEMPT_ROW.match(line)]
+        self.by_version = {row.get("version"): row for row in self.rows}
         self.held = {t.name: set(t.entries) for t in tables}
         self.introduced: dict[str, object] = {}
-        wanted = set().union(*self.held.values()) if self.held else set()
-        for version in dict.fromkeys(row.get("version") for row in self.rows):
+        wanted, seen = set().union(*self.held.values()) if self.held else set(), set()
+        ancestry = self.ancestry(best) if best in self.by_version else []
+        for version in reversed(ancestry) if ancestry else list(self.by_version):
             general = (self._read(version) or [None])[0]
-            for knob in (wanted - set(self.introduced)) & set(general.entries if general else ()):
+            for knob in (wanted - seen) & set(general.entries if general else ()):
+                seen.add(knob)
                 if not isinstance(general.entries[knob], _Source):
                     self.introduced[knob] = general.entries[knob]
+
+    def ancestry(self, version: str | None) -> list[str]:
+        """The version, its parent, the parent's parent... as the ledger's rows give them (a cycle ends it)."""
+        found = []
+        while version and version not in found:
+            found.append(version)
+            version = (self.by_version.get(version) or {}).get("parent")
+        return found
 
     def _read(self, version: str | None) -> list[Table] | None:
         """The version's tables as its snapshot holds them; None without a snapshot or where it cannot be read."""
@@ -238,21 +249,22 @@ def incumbents(history: History, best_label: str | None, tables: list[Table], sh
     kernel may differ from the best's) counts by its gain over that version's own numbers, applied to the best's;
     none where that version has no trusted numbers. A table's ``won`` starts as the single change the search's last
     attempt in the lineage made to it (the best's own, or, for a best recorded by hand, its nearest such ancestor's),
-    when that was a per-table merge."""
+    when that was a per-table merge; the losing moves of a kept step are undone where the best is that step."""
     parents = {best_label} if lineage is None else lineage
     found = {t.name: Incumbent(dict(t.entries), {c: best[c] for c in held(t, shapes, tables) if c in best})
              for t in tables}
-    rows = {row.get("version"): row for row in history.rows}
+    rows = history.by_version
     own = rows.get(best_label)
-    while own is not None and not own.get("summary / hypothesis", "").startswith((STEP, MERGE)) \
-            and own.get("parent") in parents and own.get("parent") != own.get("version"):
-        own = rows.get(own.get("parent"))
-    if own is not None and own.get("summary / hypothesis", "").startswith(MERGE):
-        for table, moved in _by_table(history.moved(own)).items():
-            if table in found and len(moved) == 1:
-                found[table].won = moved[0]
     if own is not None and own.get("summary / hypothesis", "").startswith(STEP):
         undo_losses(history, own, tables, found)
+    # momentum: the merge that made the best, or, for a best recorded by hand, its nearest ancestor in the lineage
+    # that the search made
+    searched = next((rows[v] for v in history.ancestry(best_label) if v in parents and v in rows
+                     and rows[v].get("summary / hypothesis", "").startswith((STEP, MERGE))), None)
+    if searched is not None and searched.get("summary / hypothesis", "").startswith(MERGE):
+        for table, moved in _by_table(history.moved(searched)).items():
+            if table in found and len(moved) == 1:
+                found[table].won = moved[0]
     for row in history.rows:
         if best_label is None or row.get("parent") not in parents:
             continue
@@ -403,7 +415,8 @@ def iterate(context: IterationContext, tools: Tools, source: str, tables: list[T
     in the run's last iteration; else a step. ``known(proposal)`` says whether the ledger holds that solution already.
     Ends in ``tools.submit``, or LimitsExceeded when no table has a move left."""
     task = tools.task
-    history = History(tools, task, gpu=not (context.profile or {}).get("interpreted", True), tables=tables)
+    history = History(tools, task, gpu=not (context.profile or {}).get("interpreted", True), tables=tables,
+                      best=context.best)
     shapes = panel_shapes(context.profile, task)
     best = _speedups({(c.get("case") or {}).get("name"): c for c in (context.profile or {}).get("cases") or []})
     lineage = history.lineage(context.best, tables)

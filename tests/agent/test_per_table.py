@@ -407,3 +407,31 @@ def test_steps_count_toward_a_merge_across_a_version_recorded_by_hand(tools):  #
         record(tools, f"v{2 * i + 3}", "v1", SOURCE + "\n# a note\n", "by hand", "revert (no GPU)", gpu=False)
     merged, submitted = propose(tools, SOURCE, start, last=last)
     assert submitted.summary.startswith("per-table merge"), submitted.summary
+
+
+def test_a_knob_is_read_at_the_value_it_came_in_with_on_the_bests_own_line(tools):  # noqa: F811
+    """The value an earlier table is read at comes from the best's ancestry (not from a reverted attempt on another
+    line), and not at all where the knob came in as an expression; a best recorded by hand from a kept merge follows
+    that merge's direction first."""
+    from agent.proposers.per_table import History
+
+    tools.task = replace(tools.task, **FACTS)
+    added = with_knob(SOURCE)
+    start = {"a": 1.0, "b": 1.0, "c": 1.0}
+    record(tools, "v1", "v0", SOURCE, "start", "keep", start)
+    wide = added.replace('"SPLIT": 1, "VEC": 1, "FALLBACK"', '"SPLIT": 1, "VEC": 8, "FALLBACK"', 1)
+    record(tools, "v2", "v1", wide, "another line, VEC 8 in the general table", "revert", start)
+    record(tools, "v3", "v1", added, "by hand, VEC 1", "revert (no GPU)", gpu=False)
+    history = History(tools, tools.task, gpu=True, tables=find_tables(added, tools.task), best="v3")
+    assert history.introduced["VEC"] == 1 and history.lineage("v3", find_tables(added, tools.task)) == {"v1", "v3"}
+    computed = added.replace('"SPLIT": 1, "VEC": 1, "FALLBACK"', '"SPLIT": 1, "VEC": 2 - 1, "FALLBACK"', 1)
+    record(tools, "v4", "v1", computed, "by hand, VEC as an expression", "revert (no GPU)", gpu=False)
+    record(tools, "v5", "v4", added, "by hand, VEC 1", "revert (no GPU)", gpu=False)
+    later = History(tools, tools.task, gpu=True, tables=find_tables(added, tools.task), best="v5")
+    assert "VEC" not in later.introduced and "VEC" not in later.tables("v1")[1].entries
+    # momentum through a hand-recorded best: v6 merged TIERS[0] SPLIT 1->2 and was kept; v7 is v6 with the knob
+    split = SOURCE.replace('"K_MAX": 64, "BLOCK": 32, "SPLIT": 1,', '"K_MAX": 64, "BLOCK": 32, "SPLIT": 2,', 1)
+    record(tools, "v6", "v1", split, "per-table merge: 1 table(s): TIERS[0] SPLIT 1->2", "keep (1.1x best)", start)
+    record(tools, "v7", "v6", with_knob(split), "by hand, the knob", "revert (no GPU)", gpu=False)
+    step, submitted = propose(tools, with_knob(split), start, label="v7")
+    assert submitted.summary.startswith("per-table step: 3 table(s): TIERS[0] SPLIT 2->4"), submitted.summary

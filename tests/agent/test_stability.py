@@ -386,6 +386,14 @@ def test_the_profile_of_a_graph_paired_report_shows_each_regime():
     # an eager-timed report keeps its host and GPU columns, and no such note
     eager = profile_text({**gpu_report(("a", "balanced", True, 40.0)), "strata": {}})
     assert "host_us" in eager.splitlines()[0] and "graph-paired" not in eager
+    # the interpreter's report of a graph-paired task (eager wall times, no regimes): its protocol sets the columns,
+    # which stay empty, and no note on replays it never made
+    interpreted = profile_text({"cases": [{"case": {"name": "1x24x2560", "stratum": "m1"}, "median_us": 900.0,
+                                           "speedup": 1.0}], "strata": {}, "interpreted": True,
+                                "timing": {"protocol": "graph-paired", "graphs": False}})
+    assert interpreted.splitlines()[0].split()[-3:] == ["hot_x", "flush_x", "stable"]
+    assert interpreted.splitlines()[1].split()[-3:] == ["-", "-", "-"] and "graph-paired timing" not in interpreted
+    assert "Triton-interpreter wall times" in interpreted
 
 
 def test_the_limit_comes_from_the_report_that_judged_by_it():
