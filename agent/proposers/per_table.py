@@ -32,8 +32,8 @@ goes on where the last stopped. A version whose tables are the best's counts as 
 submitted with the tables unchanged (``agent submit``) goes on where the search from its parent stopped, each
 attempt made from the parent counted by its gain over the parent's own numbers (the kernels differ). A knob a table
 of the best holds and the same table of an earlier version lacks (a knob added since) is read there at the value it
-came in with, its value in the first general table that has it, which by convention keeps the earlier code. Nothing
-here imports candidate code.
+came in with, its value in the general table of the best's first ancestor that has it, which by convention keeps the
+earlier code. Nothing here imports candidate code.
 """
 from __future__ import annotations
 
