@@ -130,6 +130,11 @@ class Task:
         return self.commands.get(stage) or getattr(self, f"{stage}_cmd")
 
     @property
+    def graph_paired(self) -> bool:
+        """Whether the task is timed by CUDA-graph replay paired with the baseline (else by eager groups)."""
+        return self.timing == "graph-paired"
+
+    @property
     def versions(self) -> Path:
         return self.root / self.versions_dir
 

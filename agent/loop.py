@@ -109,8 +109,7 @@ class Run:
         last = self.state.last_verdict
         values = dict(spec=(self.task.root / self.task.spec).read_text(), run_id=self.state.run_id, iteration=iteration,
                       iters=self.config.iters, best_label=self.state.best_label, best_score=fmt(self.state.best_score),
-                      timing_note=render(("timing_graph" if self.task.timing == "graph-paired" else "timing_gpu")
-                                         if self.config.cuda else "timing_interpreter"),
+                      timing_note=gpu_timing_note(self.task) if self.config.cuda else render("timing_interpreter"),
                       solution=(self.tools.candidate / "solution.py").read_text(), main=self.task.candidate_dir,
                       baseline=self.task.baseline_label)
         feedback = dict(ledger_header=ledger.header(self.task),
@@ -263,6 +262,11 @@ class Attempt:
     eval_s: float
     eval_dir: str
     verdict: dict
+
+
+def gpu_timing_note(task: Task) -> str:
+    """How a GPU run of ``task`` times its candidates, in a few words (the prompt's and the run report's)."""
+    return render("timing_graph" if task.graph_paired else "timing_gpu")
 
 
 def last_iteration(iteration: int, iters: int, time_limit_min: float | None, elapsed_s: float,

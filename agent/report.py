@@ -18,8 +18,7 @@ from pathlib import Path
 from agent import ledger
 from agent.config import DEFAULT_TASK, MANIFEST, Task
 from agent.ledger import fmt
-from agent.loop import make_hint
-from agent.prompts import render
+from agent.loop import gpu_timing_note, make_hint
 from agent.workspace import RunState, all_runs, run_state_dir
 
 STYLE = ("body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}"
@@ -184,8 +183,8 @@ def sections(task: Task, data: RunData) -> list[tuple[str, object]]:
               ["status", f"{s.status}, {s.attempts} of {s.config.get('iters')} attempts"
                          + (f" ({s.stop_reason})" if s.stop_reason else "")],
               ["tokens / cost", f"{s.tokens} / ${s.cost_usd:.4f}"], *wall_rows(s, data.entries),
-              ["timing", render("timing_graph" if task.timing == "graph-paired" else "timing_gpu")
-                         if s.config.get("cuda") else "Triton interpreter wall times on CPU: not GPU timings"]]
+              ["timing", gpu_timing_note(task) if s.config.get("cuda")
+                         else "Triton interpreter wall times on CPU: not GPU timings"]]
     counts = {kind: sum(_kind(e) == kind for e in data.entries) for kind in ("kept", "reverted", "failed")}
     if not s.config.get("cuda"):
         valid = [e["version"] for e in data.entries if e["verdict"].get("valid")]

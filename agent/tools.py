@@ -78,7 +78,7 @@ class Tools:
         """What the system prompt names: the candidate's folder, the ledger, the versions, the check tools and what
         speed counts under the task's timing protocol."""
         checks = "".join(f"{name}(), " for name in self.task.tools)
-        speed = render("speed_graph" if self.task.timing == "graph-paired" else "speed_eager")
+        speed = render("speed_graph" if self.task.graph_paired else "speed_eager")
         return {"main": self.task.candidate_dir, "ledger": self.task.ledger, "versions": self.task.versions_dir,
                 "check_tools": checks, "checks": ", ".join(self.task.checks) or "none", "speed": speed}
 

@@ -154,12 +154,15 @@ class History:
     def tables(self, version: str) -> list[Table] | None:
         """The version's tables (None without a readable snapshot), each with the knobs it lacks that the best's
         holds, at the value each came in with."""
+        read = self._read(version)
+        if read is None:
+            return None
         found = []
-        for table in self._read(version) or []:
+        for table in read:
             missing = {knob: self.introduced[knob] for knob in self.held.get(table.name, ())
                        if knob not in table.entries and knob in self.introduced}
             found.append(replace_entries(table, {**table.entries, **missing}) if missing else table)
-        return found if self._read(version) is not None else None
+        return found
 
     def lineage(self, best: str | None, tables: list[Table]) -> set[str]:
         """The best and every recorded version whose tables are the best's (``tables``): attempts made from any of

@@ -206,7 +206,7 @@ def test_the_tools_are_the_tasks_and_its_declared_checks_dispatch_to_their_stage
                       "check_tools": "run_memory_check(), ", "checks": "memory, gates", "speed": values["speed"]}
     # what speed counts follows the task's timing protocol: the host-bound rule for eager groups, both regimes of a
     # graph-paired task
-    assert checked.task.timing == "eager-groups" and "host_us, gpu_us and stable" in values["speed"]
+    assert not checked.task.graph_paired and "host_us, gpu_us and stable" in values["speed"]
     paired = Tools(dataclasses.replace(other, timing="graph-paired"), tools.worktree, checked.evaluator)
     assert "hot_x and flush_x" in paired.prompt_values()["speed"] and "host_us" not in paired.prompt_values()["speed"]
     system = render("system", **paired.prompt_values())

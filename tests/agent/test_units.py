@@ -12,7 +12,7 @@ from agent.config import RunConfig, Task, from_dict
 from agent.evaluate import Evaluator
 from agent.exceptions import LimitsExceeded, Submitted
 from agent.ledger import columns, format_row, identity, record, rows, unified_patch
-from agent.loop import last_iteration
+from agent.loop import gpu_timing_note, last_iteration
 from agent.prompts import render
 from agent.proposers import IterationContext
 from agent.proposers.offline import OfflineProposer, find_table
@@ -155,6 +155,9 @@ def test_prompts_fail_on_a_missing_variable_and_config_on_an_unknown_key():
         render("trimmed")
     assert render("timing_interpreter").endswith("not GPU timings") and "\n" not in render("timing_gpu")
     assert "\n" not in render("timing_graph") and "L2-flushed" in render("timing_graph")
+    # the task's manifest says which (the prompt's timing note and the run report's timing row)
+    assert gpu_timing_note(Task.load(ROOT, "llgemm")) == render("timing_graph")
+    assert gpu_timing_note(Task.load(ROOT, "w4a16")) == render("timing_gpu")
     with pytest.raises(ValueError, match="unknown key"):
         from_dict(RunConfig, {"iters": 3, "iterations": 4})
 
