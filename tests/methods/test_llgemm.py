@@ -1,10 +1,10 @@
-"""The llgemm kernel family (tasks/llgemm, as v65 has it: v0's kernel with its split-K reduction ordered as CUTLASS's
-semaphore, the nearest-tier plan and the CUDA-core GEMV that sums across threads once, its products summed VEC at a
-time in each thread, its next step's loads issued early with PREFETCH and its weight loads kept out of L1 with
-WEIGHT_CG) under every plan shape its search space reaches: tensor-core and CUDA-core reductions, one share or
-several, odd N and K, M from 1 to 16 and past it. On CPU the interpreter runs it; the compile tests check the sm90
-code without a GPU; the stress test (mark gpu) calls split plans many times on shapes where a misordered split
-reduction returned zeros."""
+"""The llgemm kernel family (tasks/llgemm, as v66 has it: v0's kernel with its split-K reduction ordered as CUTLASS's
+semaphore, only the last share acquiring, the nearest-tier plan and the CUDA-core GEMV that sums across threads once,
+its products summed VEC at a time in each thread, its next step's loads issued early with PREFETCH and its weight
+loads kept out of L1 with WEIGHT_CG) under every plan shape its search space reaches: tensor-core and CUDA-core
+reductions, one share or several, odd N and K, M from 1 to 16 and past it. On CPU the interpreter runs it; the
+compile tests check the sm90 code without a GPU; the stress test (mark gpu) calls split plans many times on shapes
+where a misordered split reduction returned zeros."""
 from __future__ import annotations
 
 import importlib.util
@@ -21,7 +21,7 @@ import torch
 from evals import task as tasks
 
 ROOT = Path(__file__).resolve().parents[2]  # not tests.conftest's: it sets TRITON_INTERPRET, which split_order avoids
-FAMILY = ROOT / "tasks" / "llgemm" / "versions" / "v65" / "solution.py"
+FAMILY = ROOT / "tasks" / "llgemm" / "versions" / "v66" / "solution.py"
 TASK = tasks.load("llgemm")
 ADAPTER = TASK.adapter
 
@@ -211,14 +211,17 @@ def test_the_gemv_loop_keeps_its_sums_in_registers_in_the_sm90_code():
 def split_order() -> list[dict]:
     """Compile the family's split plans for sm90 (run without TRITON_INTERPRET: the interpreter never compiles) and
     say how a share's epilogue orders its memory operations in the PTX: its workspace adds (relaxed), a barrier, the
-    counter's add (acq_rel: the release of the whole program's adds and, for the last share, the acquire), the
-    barrier that passes the counter's value on, the last share's reads (L2, not L1), a barrier, the zeroing and the
-    counter's reset (relaxed); and whether any fence.sc.gpu is left."""
+    counter's add (a release of the whole program's adds), the barrier that passes the counter's value on, the last
+    share's reset of the counter (its acquire), a barrier, its reads (L2, not L1), a barrier and the zeroing; whether
+    any fence.sc.gpu is left; and, in the machine code, which atomics an L1 invalidation (CCTL.IVALL) follows."""
+    from tests.methods.hopper_compile import _cubin_tool
+
     found = []
     for mma, block_m, block_n in ((True, 16, 64), (False, 1, 4)):
         constants = {"BLOCK_N": block_n, "BLOCK_K": 128, "BLOCK_M": block_m, "SPLIT_K": 4, "EVEN_K": True,
                      "MMA": mma, "F32_DOT": False, "VEC": 1, "PREFETCH": False, "WEIGHT_CG": False}
-        lines = compile_sm90(constants).asm["ptx"].splitlines()
+        compiled = compile_sm90(constants)
+        lines = compiled.asm["ptx"].splitlines()
         adds = [i for i, line in enumerate(lines) if re.search(r"atom\.global\S*\.add(\.v\d)?\.f32", line)]
         counters = [i for i, line in enumerate(lines) if "atom.global" in line and ".add.u32" in line]
         reads = [i for i, line in enumerate(lines) if "ld.global.cg" in line]
@@ -232,32 +235,43 @@ def split_order() -> list[dict]:
         def barrier_between(first: list[int], then: list[int]) -> bool:
             return bool(first and then) and any(max(first) < b < min(then) for b in barriers)
 
+        sass = [line for line in _cubin_tool("nvdisasm", ["-c"], compiled.asm["cubin"]).splitlines()
+                if re.match(r"^\s+/\*[0-9a-f]+\*/\s+\S", line)]
+        atomics = [i for i, line in enumerate(sass) if re.search(r"\bATOMG?\.", line)]
         found.append({
-            "mma": mma, "complete": bool(adds and len(counters) == 1 and reads and resets and zeroing),
+            "mma": mma, "complete": bool(adds and len(counters) == 1 and len(resets) == 1 and reads and zeroing),
             "relaxed_adds": bool(adds) and all(".relaxed." in lines[i] for i in adds),
-            "acq_rel_counter": len(counters) == 1
-            and all(f".{word}." in lines[counters[0]] for word in ("acq_rel", "gpu")),
-            "relaxed_reset": bool(resets) and all(".relaxed." in lines[i] for i, _ in resets),
+            "release_counter": len(counters) == 1
+            and all(f".{word}." in lines[counters[0]] for word in ("release", "gpu")),
+            "acquire_reset": len(resets) == 1
+            and all(f".{word}." in lines[resets[0][0]] for word in ("acquire", "gpu")),
             "adds_barrier_counter": barrier_between(adds, counters),
-            "counter_barrier_reads": barrier_between(counters, reads),
+            "counter_barrier_reset": barrier_between(counters, [i for i, _ in resets]),
+            "reset_barrier_reads": barrier_between([i for i, _ in resets], reads),
             "reads_barrier_zeroing": barrier_between(reads, zeroing),
-            "sc_fences": sum("fence.sc" in line for line in lines)})
+            "sc_fences": sum("fence.sc" in line for line in lines),
+            # each L1 invalidation, as the last atomic before it: only the reset's exchange should have one
+            "invalidated_after": [re.search(r"ATOMG?\.\S+", sass[max(a for a in atomics if a < i)]).group(0)
+                                  for i, line in enumerate(sass) if "CCTL.IVALL" in line
+                                  and any(a < i for a in atomics)]})
     return found
 
 
 def test_the_split_reduction_orders_its_adds_as_a_semaphore_in_the_sm90_code():
     """Compiled for sm90 (no GPU needed), in a process without the interpreter: CUTLASS's split-K semaphore, as the
     W4A16 task's kernels have it. Every thread's adds come before the barrier and the barrier before the counter's
-    add by one thread, whose release is cumulative at GPU scope; its acquire, passed on by a barrier, comes before
-    the last share's reads. The last share zeroes the workspace only after a barrier: the zeros go out in the
-    store's layout, by threads other than the ones that read. No fence.sc.gpu in every thread (a GPU-wide membar and
-    an invalidation of the SM's L1 each)."""
+    add by one thread, a release cumulative at GPU scope. Only the last share acquires, by resetting the counter
+    (every share has counted), before a barrier and its reads: an acquire invalidates the SM's whole L1, where the
+    SM's other programs keep the rows of x, so the other shares must not. The last share zeroes the workspace only
+    after a barrier: the zeros go out in the store's layout, by threads other than the ones that read. No
+    fence.sc.gpu in every thread (a GPU-wide membar and an invalidation of the SM's L1 each)."""
     found = in_compiler("split_order()")
     assert len(found) == 2, found
     for f in found:
-        assert f["complete"] and f["relaxed_adds"] and f["acq_rel_counter"] and f["relaxed_reset"], f
-        assert f["adds_barrier_counter"] and f["counter_barrier_reads"] and f["reads_barrier_zeroing"], f
-        assert f["sc_fences"] == 0, f
+        assert f["complete"] and f["relaxed_adds"] and f["release_counter"] and f["acquire_reset"], f
+        assert f["adds_barrier_counter"] and f["counter_barrier_reset"] and f["reset_barrier_reads"], f
+        assert f["reads_barrier_zeroing"] and f["sc_fences"] == 0, f
+        assert f["invalidated_after"] and all(op.startswith("ATOMG.E.EXCH") for op in f["invalidated_after"]), f
 
 
 @pytest.mark.gpu

@@ -7,10 +7,11 @@ pairs, and each plan's output is checked against the oracle once. One JSON line 
     SET=gemv (default): v35's family, unsplit and split GEMV plans at 12 panel points (sweep_gemv_v35.jsonl, 230 s)
     SET=vec: v60's family, 8 GEMV tiles each with VEC 1/8 and PREFETCH off/on, and 4 more, at the 14 points where
         v41 fell short of the seed or came close (sweep_vec_v60.jsonl, 96 s)
-    SET=cg: v65's family, the best tiles of SET=vec and three with more programs an SM, each with WEIGHT_CG off and
+    SET=cg: v66's family, the best tiles of SET=vec and three with more programs an SM, each with WEIGHT_CG off and
         on, at the points still short of the seed and five it qualified (about 45 s, estimated from SET=vec's rate)
-    SET=split: split plans (tensor-core and GEMV, 2-8 K shares) under v62's fenced split epilogue and v65's semaphore
-        one (v64's: what the fences cost), at six points (about 20 s; where plan() leaves one share, no row)
+    SET=split: split plans (tensor-core and GEMV, 2-16 K shares) under three split epilogues: v62's (a fence.sc.gpu
+        in every thread), v65's (CUTLASS's semaphore, an acq_rel counter in every share) and v66's (only the last
+        share acquires), at eight points (about 60 s; where plan() leaves one share, no row)
     FAMILY=tasks/llgemm/versions/vN/solution.py overrides the set's family; BUDGET=seconds (default 200; it stops
     between points past it)
 """
@@ -49,7 +50,7 @@ elif SET == "vec":
     PLANS += [dict(MMA=False, BLOCK_N=n, num_warps=w, BLOCK_K=k, SPLIT_K=s, VEC=8, PREFETCH=True)
               for (n, w, k, s) in ((4, 8, 2048, 2), (8, 8, 1024, 4), (2, 8, 2048, 4), (16, 8, 1024, 1))]
 elif SET == "cg":
-    FAMILY = os.environ.get("FAMILY", "tasks/llgemm/versions/v65/solution.py")
+    FAMILY = os.environ.get("FAMILY", "tasks/llgemm/versions/v66/solution.py")
     POINTS = [(8, 320, 10240), (8, 336, 10240), (2, 4096, 2560), (2, 3584, 2560), (4, 2560, 1536), (2, 62080, 2560),
               (1, 4096, 2560), (4, 320, 10240), (16, 320, 2560), (1, 62080, 2560)]
     TILES = [(1, 8, 2048, 8, False), (1, 8, 4096, 8, False), (2, 8, 2048, 1, False), (4, 4, 1024, 8, False),
@@ -58,23 +59,32 @@ elif SET == "cg":
     PLANS = [dict(MMA=False, BLOCK_N=n, num_warps=w, BLOCK_K=k, SPLIT_K=1, VEC=v, PREFETCH=p, WEIGHT_CG=cg)
              for (n, w, k, v, p) in TILES for cg in (False, True)]
 elif SET == "split":
-    FAMILY = os.environ.get("FAMILY", "tasks/llgemm/versions/v65/solution.py")
-    POINTS = [(8, 320, 10240), (8, 336, 10240), (16, 320, 2560), (4, 2560, 1536), (1, 2560, 1536), (1, 4096, 2560)]
+    FAMILY = os.environ.get("FAMILY", "tasks/llgemm/versions/v66/solution.py")
+    POINTS = [(8, 320, 10240), (8, 336, 10240), (16, 320, 2560), (16, 320, 10240), (4, 2560, 1536),
+              (16, 4096, 2560), (1, 2560, 1536), (1, 4096, 2560)]
     SPLITS = [dict(MMA=False, BLOCK_N=8, BLOCK_K=1024, num_warps=4, SPLIT_K=4, VEC=8),
               dict(MMA=False, BLOCK_N=4, BLOCK_K=2048, num_warps=8, SPLIT_K=2, VEC=8, PREFETCH=True),
               dict(MMA=False, BLOCK_N=4, BLOCK_K=1024, num_warps=4, SPLIT_K=4),
               dict(MMA=False, BLOCK_N=4, BLOCK_K=2048, num_warps=8, SPLIT_K=4),
               dict(MMA=False, BLOCK_N=8, BLOCK_K=512, num_warps=8, SPLIT_K=8, VEC=8, WEIGHT_CG=True),
-              dict(MMA=True, BLOCK_N=32, BLOCK_K=128, num_warps=4, SPLIT_K=4)]
-    # each plan under v62's split epilogue (acq_rel adds, a fence.sc.gpu in every thread; v62's kernel and v65's
-    # differ in nothing else), then v65's
+              dict(MMA=True, BLOCK_N=32, BLOCK_K=128, num_warps=4, SPLIT_K=4),
+              # the best unsplit tile at M 5-8 over K 10240 (sweep_vec_v60.jsonl), split in 2 and 4
+              dict(MMA=False, BLOCK_N=1, BLOCK_K=2048, num_warps=8, SPLIT_K=2, VEC=8),
+              dict(MMA=False, BLOCK_N=1, BLOCK_K=2048, num_warps=8, SPLIT_K=4, VEC=8),
+              # tensor-core plans for M 5-16, where a CUDA-core GEMV converts and multiplies every element of x in
+              # every program: 16 columns a program and enough K shares to fill the SMs at narrow N
+              dict(MMA=True, BLOCK_N=16, BLOCK_K=256, num_warps=4, SPLIT_K=8, num_stages=3),
+              dict(MMA=True, BLOCK_N=16, BLOCK_K=128, num_warps=4, SPLIT_K=16, num_stages=4),
+              dict(MMA=True, BLOCK_N=32, BLOCK_K=256, num_warps=4, SPLIT_K=8, num_stages=3)]
+    # each plan under v62's split epilogue (acq_rel adds, a fence.sc.gpu in every thread), v65's and the set's
+    # family's (v66's); the three kernels differ in nothing else
     PLANS = [dict(plan, FAMILY=family) for plan in SPLITS
-             for family in ("tasks/llgemm/versions/v62/solution.py", FAMILY)]
+             for family in ("tasks/llgemm/versions/v62/solution.py", "tasks/llgemm/versions/v65/solution.py", FAMILY)]
 else:
     sys.exit(f"SET must be gemv, vec, cg or split, not {SET!r}")
-KEYS = ("BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps") + {"gemv": (), "vec": ("VEC", "PREFETCH"),
-                                                         "cg": ("VEC", "PREFETCH", "WEIGHT_CG"),
-                                                         "split": ("MMA", "VEC", "PREFETCH", "WEIGHT_CG")}[SET]
+KEYS = ("BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps") + {
+    "gemv": (), "vec": ("VEC", "PREFETCH"), "cg": ("VEC", "PREFETCH", "WEIGHT_CG"),
+    "split": ("MMA", "VEC", "PREFETCH", "WEIGHT_CG", "num_stages")}[SET]
 
 def family(config: dict, tag: str):
     """The family's module (``config``'s FAMILY, else the set's) with every shape on the rest of ``config`` (no
