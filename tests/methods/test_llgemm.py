@@ -1,4 +1,4 @@
-"""The llgemm kernel family (tasks/llgemm, as v66 has it: v0's kernel with its split-K reduction ordered as CUTLASS's
+"""The llgemm kernel family (tasks/llgemm, as v67 has it: v0's kernel with its split-K reduction ordered as CUTLASS's
 semaphore, only the last share acquiring, the nearest-tier plan and the CUDA-core GEMV that sums across threads once,
 its products summed VEC at a time in each thread, its next step's loads issued early with PREFETCH and its weight
 loads kept out of L1 with WEIGHT_CG) under every plan shape its search space reaches: tensor-core and CUDA-core
@@ -21,7 +21,7 @@ import torch
 from evals import task as tasks
 
 ROOT = Path(__file__).resolve().parents[2]  # not tests.conftest's: it sets TRITON_INTERPRET, which split_order avoids
-FAMILY = ROOT / "tasks" / "llgemm" / "versions" / "v66" / "solution.py"
+FAMILY = ROOT / "tasks" / "llgemm" / "versions" / "v67" / "solution.py"
 TASK = tasks.load("llgemm")
 ADAPTER = TASK.adapter
 
@@ -199,13 +199,19 @@ def test_the_gemv_loop_keeps_its_sums_in_registers_in_the_sm90_code():
     """The CUDA-core path's K loop: 16-byte loads of W and x and fp32 multiply-adds, and no exchange between threads
     (no barrier, shuffle or shared memory): the sums across threads come once, after the loop. VEC 8 sums a thread's
     own 16-byte load in registers, so it adds no exchange either. With WEIGHT_CG the weight's loads, and only they,
-    skip L1: x's rows, one 16-byte load per row and step here, stay cached."""
+    skip L1: x's rows, one 16-byte load per row and step here, stay cached. A product costs its multiply-add, the
+    conversions of its x and W elements (each shared over the other's rows, one instruction an element as int32
+    pairs) and a share of the loads' addressing: at most 3.75 instructions (the bf16 conversion's two for the top
+    half of each pair and the masked loads' zero-fills made 4.0-4.6 at most of these plans)."""
     for loop in in_compiler("gemv_loops()"):
         block_n, block_m, block_k, warps, vec, prefetch, cg = loop["plan"]
         assert loop["loads"] >= 2 and loop["exchanges"] == 0, loop
         weight_loads = block_n * block_k // (8 * 32 * warps)  # 8 elements a 16-byte load
-        assert loop["l2_only"] == (weight_loads if cg else 0), loop
+        steps = loop["loads"] // (weight_loads + block_m * block_k // (8 * 32 * warps))  # the loop may be unrolled
+        assert loop["l2_only"] == (weight_loads * steps if cg else 0), loop
         assert loop["loads"] - loop["l2_only"] >= block_m, loop
+        products = block_n * block_m * block_k // (32 * warps)  # a thread's, a step
+        assert steps >= 1 and loop["instructions"] <= 3.75 * products * steps, loop
 
 
 def split_order() -> list[dict]:

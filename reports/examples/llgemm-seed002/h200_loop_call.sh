@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # One H200 call (at most CALL_S seconds, default 570): the loop on llgemm (offline, visible panel, time-limited) from
-# FROM (default v66), ITERS attempts (default 40), then its records back in $OUT.
+# FROM (default v67), ITERS attempts (default 40), then its records back in $OUT.
 began=$(date +%s)
 source "$(dirname "$0")/device_env.sh" || exit 1
 # PROBE=1: first, what each fresh evaluator process costs on this host (~20 s)
 [ -z "$PROBE" ] || python3 "$(dirname "$0")/startup_probe.py" 2>&1 | tee $OUT/startup.txt
-FROM=${FROM:-v66}
+FROM=${FROM:-v67}
 # STRESS=1 (the default; STRESS=0 skips it): first, the family's GPU tests (tests/methods/test_llgemm.py, mark gpu:
 # the newest family's split plans, 64 calls a regime); where they fail or give no result in STRESS_S seconds, the
 # loop starts from STRESS_FALLBACK (default v62, whose split epilogue, fenced in every thread, passed them) instead
@@ -15,7 +15,8 @@ if [ "${STRESS:-1}" != 0 ]; then
   [ $rc = 0 ] || { FROM=${STRESS_FALLBACK:-v62}
                    echo "the family's GPU tests ended with status $rc: the loop starts from $FROM" | tee -a $OUT/stress.txt; }
 fi
-# SWEEP="cg split" (sets of sweep_gemv.py): then those informational sweeps (cg about 45 s, split about 20 s)
+# SWEEP="pairs split" (sets of sweep_gemv.py: gemv, vec, cg, pairs, split): then those informational sweeps (pairs
+# and cg about 45 s each, split about 60 s), each stopped between points past SWEEP_S seconds
 for set in $SWEEP; do
   SET=$set BUDGET=${SWEEP_S:-90} python3 "$(dirname "$0")/sweep_gemv.py" > $OUT/sweep_$set.jsonl 2> $OUT/sweep_$set.err
 done

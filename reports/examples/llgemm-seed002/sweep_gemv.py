@@ -7,8 +7,10 @@ pairs, and each plan's output is checked against the oracle once. One JSON line 
     SET=gemv (default): v35's family, unsplit and split GEMV plans at 12 panel points (sweep_gemv_v35.jsonl, 230 s)
     SET=vec: v60's family, 8 GEMV tiles each with VEC 1/8 and PREFETCH off/on, and 4 more, at the 14 points where
         v41 fell short of the seed or came close (sweep_vec_v60.jsonl, 96 s)
-    SET=cg: v66's family, the best tiles of SET=vec and three with more programs an SM, each with WEIGHT_CG off and
+    SET=cg: v67's family, the best tiles of SET=vec and three with more programs an SM, each with WEIGHT_CG off and
         on, at the points still short of the seed and five it qualified (about 45 s, estimated from SET=vec's rate)
+    SET=pairs: the tiles of SET=cg (WEIGHT_CG off) under v66's GEMV and v67's (W and x read as int32 pairs of bf16,
+        rows unmasked: what the leaner loop gains), at the same points (about 45 s)
     SET=split: split plans (tensor-core and GEMV, 2-16 K shares) under three split epilogues: v62's (a fence.sc.gpu
         in every thread), v65's (CUTLASS's semaphore, an acq_rel counter in every share) and v66's (only the last
         share acquires), at eight points (about 60 s; where plan() leaves one share, no row)
@@ -29,6 +31,13 @@ from evals import task as tasks  # noqa: E402
 
 A = tasks.load("llgemm").adapter
 SET = os.environ.get("SET", "gemv")
+# SET=cg's and SET=pairs's: the points still short of the seed and five it qualified; the best tiles of SET=vec and
+# three with more programs an SM, as (outputs, warps, BLOCK_K, VEC, PREFETCH)
+CG_POINTS = [(8, 320, 10240), (8, 336, 10240), (2, 4096, 2560), (2, 3584, 2560), (4, 2560, 1536), (2, 62080, 2560),
+             (1, 4096, 2560), (4, 320, 10240), (16, 320, 2560), (1, 62080, 2560)]
+CG_TILES = [(1, 8, 2048, 8, False), (1, 8, 4096, 8, False), (2, 8, 2048, 1, False), (4, 4, 1024, 8, False),
+            (8, 4, 1024, 8, False), (4, 4, 512, 1, True), (2, 8, 512, 1, False), (1, 4, 2048, 8, False),
+            (1, 4, 1024, 8, False), (2, 4, 1024, 8, False)]
 BUDGET = float(os.environ.get("BUDGET", "200"))
 if SET == "gemv":
     FAMILY = os.environ.get("FAMILY", "tasks/llgemm/versions/v35/solution.py")
@@ -50,15 +59,16 @@ elif SET == "vec":
     PLANS += [dict(MMA=False, BLOCK_N=n, num_warps=w, BLOCK_K=k, SPLIT_K=s, VEC=8, PREFETCH=True)
               for (n, w, k, s) in ((4, 8, 2048, 2), (8, 8, 1024, 4), (2, 8, 2048, 4), (16, 8, 1024, 1))]
 elif SET == "cg":
-    FAMILY = os.environ.get("FAMILY", "tasks/llgemm/versions/v66/solution.py")
-    POINTS = [(8, 320, 10240), (8, 336, 10240), (2, 4096, 2560), (2, 3584, 2560), (4, 2560, 1536), (2, 62080, 2560),
-              (1, 4096, 2560), (4, 320, 10240), (16, 320, 2560), (1, 62080, 2560)]
-    TILES = [(1, 8, 2048, 8, False), (1, 8, 4096, 8, False), (2, 8, 2048, 1, False), (4, 4, 1024, 8, False),
-             (8, 4, 1024, 8, False), (4, 4, 512, 1, True), (2, 8, 512, 1, False), (1, 4, 2048, 8, False),
-             (1, 4, 1024, 8, False), (2, 4, 1024, 8, False)]
+    FAMILY = os.environ.get("FAMILY", "tasks/llgemm/versions/v67/solution.py")
+    POINTS = CG_POINTS
     PLANS = [dict(MMA=False, BLOCK_N=n, num_warps=w, BLOCK_K=k, SPLIT_K=1, VEC=v, PREFETCH=p, WEIGHT_CG=cg)
-             for (n, w, k, v, p) in TILES for cg in (False, True)]
-elif SET == "split":
+             for (n, w, k, v, p) in CG_TILES for cg in (False, True)]
+elif SET == "pairs":
+    FAMILY = os.environ.get("FAMILY", "tasks/llgemm/versions/v67/solution.py")
+    POINTS = CG_POINTS
+    PLANS = [dict(MMA=False, BLOCK_N=n, num_warps=w, BLOCK_K=k, SPLIT_K=1, VEC=v, PREFETCH=p, FAMILY=family)
+             for (n, w, k, v, p) in CG_TILES for family in ("tasks/llgemm/versions/v66/solution.py", FAMILY)]
+elif SET == "split":  # v66, not v67: the three families differ in their split epilogue alone
     FAMILY = os.environ.get("FAMILY", "tasks/llgemm/versions/v66/solution.py")
     POINTS = [(8, 320, 10240), (8, 336, 10240), (16, 320, 2560), (16, 320, 10240), (4, 2560, 1536),
               (16, 4096, 2560), (1, 2560, 1536), (1, 4096, 2560)]
@@ -81,9 +91,9 @@ elif SET == "split":
     PLANS = [dict(plan, FAMILY=family) for plan in SPLITS
              for family in ("tasks/llgemm/versions/v62/solution.py", "tasks/llgemm/versions/v65/solution.py", FAMILY)]
 else:
-    sys.exit(f"SET must be gemv, vec, cg or split, not {SET!r}")
+    sys.exit(f"SET must be gemv, vec, cg, pairs or split, not {SET!r}")
 KEYS = ("BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps") + {
-    "gemv": (), "vec": ("VEC", "PREFETCH"), "cg": ("VEC", "PREFETCH", "WEIGHT_CG"),
+    "gemv": (), "vec": ("VEC", "PREFETCH"), "cg": ("VEC", "PREFETCH", "WEIGHT_CG"), "pairs": ("VEC", "PREFETCH"),
     "split": ("MMA", "VEC", "PREFETCH", "WEIGHT_CG", "num_stages")}[SET]
 
 def family(config: dict, tag: str):
