@@ -7,10 +7,10 @@ source "$(dirname "$0")/device_env.sh" || exit 1
 [ -z "$PROBE" ] || python3 "$(dirname "$0")/startup_probe.py" 2>&1 | tee $OUT/startup.txt
 FROM=${FROM:-v69}
 # STRESS=1 (the default; STRESS=0 skips it): first, the family's GPU tests (tests/methods/test_llgemm.py, mark gpu:
-# the newest family's split plans, 64 calls a regime); where they fail or give no result in STRESS_S seconds, the
+# the newest family's split plans, 64 calls a regime); where they fail or give no result in STRESS_S seconds (200), the
 # loop starts from STRESS_FALLBACK (default v62, whose split epilogue, fenced in every thread, passed them) instead
 if [ "${STRESS:-1}" != 0 ]; then
-  timeout ${STRESS_S:-150} python3 -m pytest -q -m gpu tests/methods/test_llgemm.py > $OUT/stress.txt 2>&1
+  timeout ${STRESS_S:-200} python3 -m pytest -q -m gpu tests/methods/test_llgemm.py > $OUT/stress.txt 2>&1
   rc=$?
   [ $rc = 0 ] || { FROM=${STRESS_FALLBACK:-v62}
                    echo "the family's GPU tests ended with status $rc: the loop starts from $FROM" | tee -a $OUT/stress.txt; }
