@@ -7,17 +7,18 @@ The grid is a JSON list of override dicts, each passed to the solution's entry p
 (``task.build``) on top of the plan the solution would choose itself (``{}`` is that plan). Candidate code runs only
 in child processes: first a pool of ``--jobs`` processes builds and checks every (case, overrides) pair once in each
 of the task's input regimes (normal and adversarial for W4A16; this compiles every kernel into Triton's on-disk cache
-in parallel), then one process times the pairs that passed, one after another, so that nothing else runs on the GPU
-or the CPU meanwhile. Per pair: eager microseconds per call (median of 7 groups of 256 back-to-back calls after 256
+in parallel), then one process times the pairs that passed, one after another, so that nothing else runs on the GPU or
+the CPU meanwhile. Per pair: eager microseconds per call (median of 7 groups of 256 back-to-back calls after 256
 untimed, the verifier's kind of number, shorter) with the groups' max/min (the verifier fails a role over 1.15:
 host-bound plans are fast but may not pass), and the GPU time of one call replayed from a CUDA graph with the L2 hot
 and with the L2 flushed (as ``evals.bench``), and the host cost and back-to-back GPU time per call with their ratio
 (evals/stability.py: under about 1.3 the verifier's dispersion gate is at risk). Where the solution defines
-``plan(*dims, overrides)`` (the case's ``dims`` in their order), each row also records the plan's integer entries.
-The table lists, per case, every plan by eager time with its speedup over the solution's own plan; the JSON holds
-every number. ``--pin`` times on one core, ``--inputs 512`` cycles through as many inputs as the verifier does and
-``--keep`` holds every timed output as it does: one at a time or together, they tell which of the verifier's timing
-conditions moves a host-bound plan.
+``plan(*dims, overrides)`` (the case's ``dims`` in their order), each row also records the plan's integer entries. The
+table lists, per case, every plan by eager time with its speedup over the solution's own plan; for a task timed as
+graph-paired (llgemm) the callable baseline is replayed beside the plans, and the table ranks them by the lower of
+their hot and flushed speedups over it, as that task scores a case. The JSON holds every number. ``--pin`` times on
+one core, ``--inputs 512`` cycles through as many inputs as the verifier does and ``--keep`` holds every timed output
+as it does: one at a time or together, they tell which of the verifier's timing conditions moves a host-bound plan.
 A sweep is an exploration aid: what it finds enters the ledger only as an attempt the loop measures.
 """
 from __future__ import annotations
@@ -74,6 +75,7 @@ def _time_pairs(task_ref: str, solution: str, pairs: list[tuple[dict, dict]], pi
     module = load_solution(Path(solution), entry=task.entry)
     device = kh.select_device().device
     flush = torch.zeros(graph_timing.FLUSH_BYTES, dtype=torch.uint8, device=device)
+    paired = task.graph_paired and task.baseline_dir is None  # a callable baseline to replay beside the plans
     results, cached = [], {}
     for fields, overrides in pairs:
         case_obj = adapter.Case(**fields)
@@ -81,9 +83,15 @@ def _time_pairs(task_ref: str, solution: str, pairs: list[tuple[dict, dict]], pi
             cached.clear()
             torch.cuda.empty_cache()
             problem = adapter.generate(case_obj, "normal", device)
-            cached[case_obj.name] = (problem, adapter.make_inputs(case_obj, inputs, seed=5, device=device))
-        problem, calls = cached[case_obj.name]
-        row = {"case": case_obj.name, "overrides": overrides}
+            calls = adapter.make_inputs(case_obj, inputs, seed=5, device=device)
+            base = {}
+            if paired:
+                baseline = task.build_baseline(problem.weights, case_obj)
+                base = {"baseline_hot_us": graph_timing.replay_us(baseline, calls[0], None, replays=20),
+                        "baseline_flushed_us": graph_timing.replay_us(baseline, calls[0], flush, replays=20)}
+            cached[case_obj.name] = (problem, calls, base)
+        problem, calls, base = cached[case_obj.name]
+        row = {"case": case_obj.name, "overrides": overrides, **base}
         try:
             fn = task.build(module, problem.weights, config=overrides)
             kept: list | None = [] if keep else None
@@ -133,10 +141,16 @@ def run(solution: str, grid: list[dict], panel: str, jobs: int, log=print, pin: 
     with context.Pool(1, **hygiene) as pool:
         timed = pool.apply(_time_pairs, (task_ref, solution, passed, pin, inputs, keep))
     return {"task": task.name, "device": info.message, "solution": solution, "grid": grid, "pinned": pin,
-            "inputs": inputs, "kept_outputs": keep, "failed": failed, "timed": timed}
+            "inputs": inputs, "kept_outputs": keep, "graph_paired": task.graph_paired, "failed": failed,
+            "timed": timed}
 
 
 def table(result: dict) -> str:
+    """Per case, the plans that ran right, best first, then the ones that failed. A graph-paired task's plans rank by
+    the lower of their hot and flushed speedups over the baseline replayed beside them (its score of a case), else
+    over the solution's own plan; any other task's by eager time."""
+    if result.get("graph_paired"):
+        return paired_table(result)
     lines = ["| case | overrides | eager us | x own plan | max/min | graph hot us | graph flushed us | host us | "
              "GPU/host |", "|---|---|---|---|---|---|---|---|---|"]
     by_case: dict[str, list[dict]] = {}
@@ -151,11 +165,50 @@ def table(result: dict) -> str:
             lines.append(f"| {case} | {json.dumps(r['overrides'])} | {r['eager_us']:.2f} | {ratio} | {spread} | "
                          f"{r['graph_hot_us']:.2f} | {r['graph_flushed_us']:.2f} | "
                          + (f"{r['host_us']:.2f} | {r['ratio']:.2f} |" if r.get("ratio") else "- | - |"))
-        for r in rows:
-            if r not in good:
-                problem = r.get("error") or "wrong after timing"
-                lines.append(f"| {case} | {json.dumps(r['overrides'])} | {problem} | | | | | | |")
+        lines += failed_rows(case, rows, good, 9)
     return "\n".join(lines)
+
+
+def paired_table(result: dict) -> str:
+    """The graph-paired table: each plan's hot and flushed replay times, its speedups in each over the baseline (or,
+    where none was replayed, over the own plan) and the lower of the two, which ranks the plans."""
+    lines = ["| case | overrides | graph hot us | graph flushed us | x hot | x flushed | lower | eager us |",
+             "|---|---|---|---|---|---|---|---|"]
+    by_case: dict[str, list[dict]] = {}
+    for row in result["timed"]:
+        by_case.setdefault(row["case"], []).append(row)
+    for case, rows in by_case.items():
+        good = [r for r in rows if "graph_hot_us" in r and r.get("correct_after")]
+        own = next((r for r in good if not r["overrides"]), None)
+        ref = ("baseline_hot_us", "baseline_flushed_us") if all("baseline_hot_us" in r for r in good) else None
+
+        def speedups(r: dict) -> tuple[float, float] | None:
+            if ref:
+                return r[ref[0]] / r["graph_hot_us"], r[ref[1]] / r["graph_flushed_us"]
+            if own:
+                return own["graph_hot_us"] / r["graph_hot_us"], own["graph_flushed_us"] / r["graph_flushed_us"]
+            return None
+
+        ranked = (sorted(good, key=lambda r: -min(speedups(r))) if ref or own
+                  else sorted(good, key=lambda r: r["graph_hot_us"]))
+        for r in ranked:
+            found = speedups(r)
+            ratios = f"{found[0]:.2f} | {found[1]:.2f} | {min(found):.2f}" if found else "- | - | -"
+            lines.append(f"| {case} | {json.dumps(r['overrides'])} | {r['graph_hot_us']:.2f} | "
+                         f"{r['graph_flushed_us']:.2f} | {ratios} | {r['eager_us']:.2f} |")
+        if ref and good:
+            lines.append(f"| {case} | baseline | {good[0][ref[0]]:.2f} | {good[0][ref[1]]:.2f} | 1.00 | 1.00 | 1.00 | "
+                         "- |")
+        lines += failed_rows(case, rows, good, 8)
+    title = ("speedups over the baseline replayed beside the plans" if any("baseline_hot_us" in r for r in
+             result["timed"]) else "speedups over the solution's own plan")
+    return "\n".join([f"graph-paired task: plans ranked by the lower of their hot and flushed {title}"] + lines)
+
+
+def failed_rows(case: str, rows: list[dict], good: list[dict], columns: int) -> list[str]:
+    """The rows that were never ranked: an error, or wrong after timing."""
+    return [f"| {case} | {json.dumps(r['overrides'])} | {r.get('error') or 'wrong after timing'} |"
+            + " |" * (columns - 3) for r in rows if r not in good]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@ The timing half needs CUDA and runs on the GPU only (`make sweep`)."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 from dataclasses import asdict
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 
 from evals import sweep
 from evals.loader import load_solution
+from evals import task as tasks
 from evals.task import load
 from tests.conftest import ROOT
 
@@ -25,6 +27,18 @@ def test_check_pair_runs_the_oracle_and_reports_a_bad_plan_as_a_row():
     assert not bad["ok"] and "GRID must be one of (0, 1)" in bad["error"]
 
 
+def test_check_pair_serves_the_llgemm_family_with_its_knobs():
+    """llgemm's family (from v70) takes config=overrides as the sweep passes them: a GEMV plan is checked on the
+    interpreter, an unknown knob is a row with its error."""
+    family = str(ROOT / "tasks" / "llgemm" / "versions" / "v70")
+    case = asdict(load("llgemm").cases("smoke")[0])
+    good = sweep._check_pair("llgemm", family, case, {"FALLBACK": False, "MMA": False, "BLOCK_N": 4, "BLOCK_K": 64,
+                                                     "SPLIT_K": 2, "VEC": 1})
+    assert good == {"ok": True, "error": None}
+    bad = sweep._check_pair("llgemm", family, case, {"GRID": 1})
+    assert not bad["ok"] and "unknown knob(s) GRID" in bad["error"]
+
+
 def test_table_orders_plans_by_eager_time_against_the_own_plan():
     def row(overrides, eager, **extra):
         return {"case": "a", "overrides": overrides, "eager_us": eager, "graph_hot_us": eager / 2,
@@ -36,6 +50,28 @@ def test_table_orders_plans_by_eager_time_against_the_own_plan():
     assert lines[0].startswith('| a | {"X": 1} | 8.00 | 1.25 | - |')
     assert lines[1].startswith("| a | {} | 10.00 | 1.00 | 1.310 |")  # the spread the verifier's dispersion gate reads
     assert "wrong after timing" in lines[2] and "OutOfResources" in lines[3]  # never ranked, always listed
+
+
+def test_a_graph_paired_tasks_table_ranks_plans_by_the_lower_of_their_speedups_over_the_baseline():
+    """llgemm scores a case at the lower of its hot and flushed speedups over F.linear: a plan fast hot and slow
+    flushed ranks below one a little faster in both, and eager time ranks nothing."""
+    def row(overrides, hot, flushed, eager, **extra):
+        return {"case": "a", "overrides": overrides, "eager_us": eager, "graph_hot_us": hot,
+                "graph_flushed_us": flushed, "baseline_hot_us": 6.0, "baseline_flushed_us": 9.0,
+                "correct_after": True, **extra}
+
+    rows = [row({}, 6.0, 9.0, 9.0), row({"X": 1}, 5.0, 10.0, 1.0), row({"Y": 1}, 5.5, 8.5, 20.0),
+            row({"Z": 1}, 1.0, 1.0, 1.0, correct_after=False), {"case": "a", "overrides": {"W": 1}, "error": "boom"}]
+    title, _, _, *lines = sweep.table({"graph_paired": True, "timed": rows}).splitlines()
+    assert "lower of their hot and flushed speedups over the baseline" in title
+    assert lines[0].startswith('| a | {"Y": 1} | 5.50 | 8.50 | 1.09 | 1.06 | 1.06 |')
+    assert lines[1].startswith("| a | {} | 6.00 | 9.00 | 1.00 | 1.00 | 1.00 |")
+    assert lines[2].startswith('| a | {"X": 1} | 5.00 | 10.00 | 1.20 | 0.90 | 0.90 |')
+    assert lines[3].startswith("| a | baseline | 6.00 | 9.00 |")
+    assert "wrong after timing" in lines[4] and "boom" in lines[5]  # never ranked, always listed
+    without = [{k: v for k, v in r.items() if not k.startswith("baseline")} for r in rows]  # no baseline replayed
+    title, _, _, *lines = sweep.table({"graph_paired": True, "timed": without}).splitlines()
+    assert "over the solution's own plan" in title and lines[0].startswith('| a | {"Y": 1} |')
 
 
 def run_cli(*args):
@@ -65,14 +101,17 @@ def test_cli_usage_errors(tmp_path):
         assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
 
 
-def test_the_shipped_grid_names_only_knobs_the_family_plans_with():
-    grid = json.loads((ROOT / "tasks" / "w4a16" / "sweep_grid.json").read_text())
-    module = load_solution(FAMILY)
+@pytest.mark.parametrize("task,family,dims", [("w4a16", FAMILY, (24, 8192, 4096)),
+                                              ("llgemm", str(ROOT / "tasks" / "llgemm" / "versions" / "v70"),
+                                               (8, 320, 10240))])
+def test_the_shipped_grid_names_only_knobs_the_family_plans_with(task, family, dims):
+    grid = json.loads(Path(tasks.grid_of(task)).read_text())
+    module = load_solution(family)
     knobs = set(module.get_config())
     assert grid[0] == {} and len(grid) >= 2  # the family's own plan first: the table's "x own plan" column
     for overrides in grid:
         assert set(overrides) <= knobs, set(overrides) - knobs
-        module.plan(24, 8192, 4096, overrides)  # a plan the family accepts (BLOCK_SIZE_K stays the group)
+        module.plan(*dims, overrides)  # a plan the family accepts (W4A16's BLOCK_SIZE_K stays the group)
 
 
 @pytest.mark.gpu

@@ -1,4 +1,4 @@
-"""The llgemm kernel family (tasks/llgemm, as v69 has it: v0's kernel with its split-K reduction ordered as CUTLASS's
+"""The llgemm kernel family (tasks/llgemm, as v70 has it: v0's kernel with its split-K reduction ordered as CUTLASS's
 semaphore, only the last share acquiring, the nearest-tier plan and the CUDA-core GEMV that sums across threads once,
 its products summed VEC at a time in each thread, its next step's loads issued early with PREFETCH and its weight
 loads kept out of L1 with WEIGHT_CG) under every plan shape its search space reaches: tensor-core and CUDA-core
@@ -21,7 +21,7 @@ import torch
 from evals import task as tasks
 
 ROOT = Path(__file__).resolve().parents[2]  # not tests.conftest's: it sets TRITON_INTERPRET, which split_order avoids
-FAMILY = ROOT / "tasks" / "llgemm" / "versions" / "v69" / "solution.py"
+FAMILY = ROOT / "tasks" / "llgemm" / "versions" / "v70" / "solution.py"
 TASK = tasks.load("llgemm")
 ADAPTER = TASK.adapter
 
