@@ -1,4 +1,4 @@
-"""The llgemm kernel family (tasks/llgemm, as v70 has it: v0's kernel with its split-K reduction ordered as CUTLASS's
+"""The llgemm kernel family (tasks/llgemm, as v71 has it: v0's kernel with its split-K reduction ordered as CUTLASS's
 semaphore, only the last share acquiring, the nearest-tier plan and the CUDA-core GEMV that sums across threads once,
 its products summed VEC at a time in each thread, its next step's loads issued early with PREFETCH and its weight
 loads kept out of L1 with WEIGHT_CG) under every plan shape its search space reaches: tensor-core and CUDA-core
@@ -21,7 +21,7 @@ import torch
 from evals import task as tasks
 
 ROOT = Path(__file__).resolve().parents[2]  # not tests.conftest's: it sets TRITON_INTERPRET, which split_order avoids
-FAMILY = ROOT / "tasks" / "llgemm" / "versions" / "v70" / "solution.py"
+FAMILY = ROOT / "tasks" / "llgemm" / "versions" / "v71" / "solution.py"
 TASK = tasks.load("llgemm")
 ADAPTER = TASK.adapter
 
@@ -170,7 +170,8 @@ def gemv_loops() -> list[dict]:
             (1, 4, 4096, 8, 8, True, False), (8, 1, 1024, 4, 8, False, False), (2, 8, 2048, 8, 8, True, False),
             (1, 8, 2048, 8, 8, False, True), (4, 2, 1024, 4, 8, True, True), (4, 1, 512, 4, 1, True, False)):
         constants = {"BLOCK_N": block_n, "BLOCK_K": block_k, "BLOCK_M": block_m, "SPLIT_K": 1, "EVEN_K": True,
-                     "MMA": False, "F32_DOT": False, "VEC": vec, "PREFETCH": prefetch, "WEIGHT_CG": cg}
+                     "MMA": False, "F32_DOT": False, "VEC": vec, "PREFETCH": prefetch, "WEIGHT_CG": cg,
+                     "X_LIKE_W": family().x_like_w(False, block_n, block_m, block_k, warps)}
         lines = _cubin_tool("nvdisasm", ["-c"], compile_sm90(constants, warps).asm["cubin"]).splitlines()
         labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", line))}
         loops = [lines[labels[m.group(1)]:i + 1] for i, line in enumerate(lines)
@@ -198,8 +199,9 @@ def in_compiler(expression: str):
 def test_the_gemv_loop_keeps_its_sums_in_registers_in_the_sm90_code():
     """The CUDA-core path's K loop: 16-byte loads of W and x and fp32 multiply-adds, and no exchange between threads
     (no barrier, shuffle or shared memory): the sums across threads come once, after the loop. VEC 8 sums a thread's
-    own 16-byte load in registers, so it adds no exchange either; nor does a K step shallower than 16 bytes a thread
-    and row of x (the first jump's tile, 4 outputs and BLOCK_K 512 on 4 warps), where x's tile loads in W's shape.
+    own 16-byte load in registers, so it adds no exchange either; nor, at one row of x, does a K step shallower than
+    16 bytes a thread (the first jump's tile, 4 outputs and BLOCK_K 512 on 4 warps), where x's tile loads in W's shape
+    (x_like_w; at M over 1 such steps may still exchange, and no tile here has one).
     With WEIGHT_CG the weight's loads, and only they, skip L1: x's rows stay cached. Where a thread makes at least 32
     products a step, a product costs its multiply-add, the conversions of its x and W elements (each shared over the
     other's rows, one instruction an element as int32 pairs) and a share of the loads' addressing: at most 3.75
@@ -210,7 +212,8 @@ def test_the_gemv_loop_keeps_its_sums_in_registers_in_the_sm90_code():
         assert loop["loads"] >= 2 and loop["exchanges"] == 0, loop
         weight_loads = block_n * block_k // (8 * 32 * warps)  # 16-byte loads a step (8 elements each)
         per_step = max(1, weight_loads + block_m * block_k // (8 * 32 * warps))
-        steps = max(1, loop["loads"] // per_step)  # the compiler may unroll the loop
+        # the compiler may unroll the loop; this counts steps by 16-byte loads, each element of x once a thread
+        steps = max(1, loop["loads"] // per_step)
         assert loop["l2_only"] == (weight_loads * steps if cg else 0), loop
         assert loop["loads"] - loop["l2_only"] >= block_m, loop  # x's loads, a row at least, stay in L1
         products = block_n * block_m * block_k // (32 * warps)  # a thread's, a step
@@ -229,7 +232,8 @@ def split_order() -> list[dict]:
     found = []
     for mma, block_m, block_n in ((True, 16, 64), (False, 1, 4)):
         constants = {"BLOCK_N": block_n, "BLOCK_K": 128, "BLOCK_M": block_m, "SPLIT_K": 4, "EVEN_K": True,
-                     "MMA": mma, "F32_DOT": False, "VEC": 1, "PREFETCH": False, "WEIGHT_CG": False}
+                     "MMA": mma, "F32_DOT": False, "VEC": 1, "PREFETCH": False, "WEIGHT_CG": False,
+                     "X_LIKE_W": family().x_like_w(mma, block_n, block_m, 128, 4)}
         compiled = compile_sm90(constants)
         lines = compiled.asm["ptx"].splitlines()
         adds = [i for i, line in enumerate(lines) if re.search(r"atom\.global\S*\.add(\.v\d)?\.f32", line)]
@@ -257,9 +261,12 @@ def split_order() -> list[dict]:
             and all(f".{word}." in lines[resets[0][0]] for word in ("acquire", "gpu")),
             "adds_barrier_counter": barrier_between(adds, counters),
             "counter_barrier_reset": barrier_between(counters, [i for i, _ in resets]),
-            # only the last share resets: a branch on the counter's value between the counter's add and the reset
+            # only the last share resets: a compare of the counter's value with SPLIT_K - 1 (3 here), then a branch,
+            # between the counter's add and the reset
             "reset_in_last_share": bool(counters and resets) and any(
-                counters[0] < i < resets[0][0] and re.search(r"@!?%p\d+ bra", line) for i, line in enumerate(lines)),
+                counters[0] < i < j < resets[0][0] and re.search(r"setp\.\w+\.[bsu]32\s+%p\d+, %r\d+, 3;", line)
+                and re.search(r"@!?%p\d+\s+bra", lines[j])
+                for i, line in enumerate(lines) for j in range(i + 1, i + 3)),
             "reset_barrier_reads": barrier_between([i for i, _ in resets], reads),
             "reads_barrier_zeroing": barrier_between(reads, zeroing),
             "sc_fences": sum("fence.sc" in line for line in lines),
@@ -305,18 +312,42 @@ def test_split_plans_stay_correct_over_many_calls_on_the_gpu(m, n, k):
         check(family(**plan), m, n, k, torch.device("cuda"), calls=64)
 
 
+class Launched(RuntimeError):
+    pass
+
+
+class NoLaunch:
+    """Stands in for the kernel where a launch must not happen."""
+
+    def __getitem__(self, grid):
+        raise Launched(f"the kernel was launched (grid {grid})")
+
+
+def misaligned(values: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``values`` whose base is 2 bytes off 4-byte alignment."""
+    buffer = torch.empty(values.numel() + 1, dtype=values.dtype, device=values.device)
+    view = buffer[1:].view(values.shape)
+    view.copy_(values)
+    assert view.is_contiguous() and view.data_ptr() % 4 == 2
+    return view
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_an_x_two_bytes_off_alignment_is_still_computed_right(device):
+def test_an_x_or_weight_two_bytes_off_alignment_goes_to_the_baseline(device):
     """The GEMV reads x and W as int32 pairs, so a base 2 bytes off 4-byte alignment (a view outside the contract's
-    aligned rows) must not reach it: such a call goes to F.linear, and the answer is right either way."""
+    aligned rows) must not reach it: such a call goes to F.linear. On CPU the kernel is replaced by one that refuses
+    to launch (the interpreter would read the odd address without complaint); on the GPU the real kernel would fault,
+    and the answers are checked."""
     m, n, k = 3, 40, 72
     case = ADAPTER.Case("m4", m, n, k, seed=7)
     problem = ADAPTER.generate(case, "normal", torch.device(device))
-    fn = family(MMA=False, BLOCK_N=4, BLOCK_K=64, SPLIT_K=1).build(problem.weights["weight"])
-    buffer = torch.empty(m * k + 1, dtype=torch.bfloat16, device=device)
-    x = buffer[1:].view(m, k)
-    x.copy_(problem.inputs[0])
-    assert x.is_contiguous() and x.data_ptr() % 4 == 2
+    weight, x = problem.weights["weight"], problem.inputs[0]
+    module = family(MMA=False, BLOCK_N=4, BLOCK_K=64, SPLIT_K=1)
+    if device == "cpu":
+        module.skinny_gemm_kernel = NoLaunch()
+        with pytest.raises(Launched):  # aligned, the GEMV runs
+            module.build(weight)(x)
     ref = ADAPTER.reference(problem.weights, (x,), case)
-    result = ADAPTER.check_output(fn(x), ref, case)
-    assert result.ok, result.message
+    for fn, inputs in ((module.build(weight), misaligned(x)), (module.build(misaligned(weight)), x)):
+        result = ADAPTER.check_output(fn(inputs), ref, case)
+        assert result.ok, result.message

@@ -7,10 +7,11 @@ pairs, and each plan's output is checked against the oracle once. One JSON line 
     SET=gemv (default): v35's family, unsplit and split GEMV plans at 12 panel points (sweep_gemv_v35.jsonl, 230 s)
     SET=vec: v60's family, 8 GEMV tiles each with VEC 1/8 and PREFETCH off/on, and 4 more, at the 14 points where
         v41 fell short of the seed or came close (sweep_vec_v60.jsonl, 96 s)
-    SET=cg: v68's family, the best tiles of SET=vec and three with more programs an SM, each with WEIGHT_CG off and
+    SET=cg: v71's family, the best tiles of SET=vec and three with more programs an SM, each with WEIGHT_CG off and
         on, at the points still short of the seed and five it qualified (about 45 s, estimated from SET=vec's rate)
-    SET=pairs: the tiles of SET=cg (WEIGHT_CG off) under v66's GEMV and v68's (W and x read as int32 pairs of bf16,
-        rows unmasked, x's tile in W's shape: what the leaner loop gains), at the same points (about 45 s)
+    SET=pairs: the tiles of SET=cg (WEIGHT_CG off) under v66's GEMV and v71's (W and x read as int32 pairs of bf16,
+        rows unmasked, x's tile in W's shape where a step is shallow: what the leaner loop gains), at the same points
+        (about 45 s)
     SET=split: split plans (tensor-core and GEMV, 2-16 K shares) under three split epilogues: v62's (a fence.sc.gpu
         in every thread), v65's (CUTLASS's semaphore, an acq_rel counter in every share) and v66's (only the last
         share acquires), at eight points (about 60 s; where plan() leaves one share, no row)
@@ -59,16 +60,16 @@ elif SET == "vec":
     PLANS += [dict(MMA=False, BLOCK_N=n, num_warps=w, BLOCK_K=k, SPLIT_K=s, VEC=8, PREFETCH=True)
               for (n, w, k, s) in ((4, 8, 2048, 2), (8, 8, 1024, 4), (2, 8, 2048, 4), (16, 8, 1024, 1))]
 elif SET == "cg":
-    FAMILY = os.environ.get("FAMILY", "tasks/llgemm/versions/v68/solution.py")
+    FAMILY = os.environ.get("FAMILY", "tasks/llgemm/versions/v71/solution.py")
     POINTS = CG_POINTS
     PLANS = [dict(MMA=False, BLOCK_N=n, num_warps=w, BLOCK_K=k, SPLIT_K=1, VEC=v, PREFETCH=p, WEIGHT_CG=cg)
              for (n, w, k, v, p) in CG_TILES for cg in (False, True)]
 elif SET == "pairs":
-    FAMILY = os.environ.get("FAMILY", "tasks/llgemm/versions/v68/solution.py")
+    FAMILY = os.environ.get("FAMILY", "tasks/llgemm/versions/v71/solution.py")
     POINTS = CG_POINTS
     PLANS = [dict(MMA=False, BLOCK_N=n, num_warps=w, BLOCK_K=k, SPLIT_K=1, VEC=v, PREFETCH=p, FAMILY=family)
              for (n, w, k, v, p) in CG_TILES for family in ("tasks/llgemm/versions/v66/solution.py", FAMILY)]
-elif SET == "split":  # v66, not v68: the three families differ in their split epilogue alone
+elif SET == "split":  # v66, not v71: the three families differ in their split epilogue alone
     FAMILY = os.environ.get("FAMILY", "tasks/llgemm/versions/v66/solution.py")
     POINTS = [(8, 320, 10240), (8, 336, 10240), (16, 320, 2560), (16, 320, 10240), (4, 2560, 1536),
               (16, 4096, 2560), (1, 2560, 1536), (1, 4096, 2560)]
