@@ -9,7 +9,8 @@ holds a shape wins). The knobs it may move, and to which values, are the solutio
 (``agent.proposers.space``: its SEARCH_SPACE, else Triton's launch knobs). Each attempt moves one knob of one table
 to a neighbouring declared value (or adds a tier for the weaker stratum), in an order chosen from the last profile
 (the weaker stratum first); once every single move of the best is in the ledger, it combines two. It never proposes
-a solution already in the ledger (by sha256).
+a solution already in the ledger (by sha256) that was evaluated on this kind of device or was wrong: a solution only
+the interpreter ran has never been timed, so a GPU run may propose it again.
 
 A shape is ``(stratum, value of each tier dimension in the task's order)``: the profile's cases, else the task's
 ``sample_cases``.
@@ -396,7 +397,10 @@ class OfflineProposer:
         # they are) or, for rows from before identities hashed every file, solution.py's own hash
         helpers = {path.name: path.read_bytes() for path in solution_files(tools.candidate)
                    if path.name != "solution.py"}
-        tried = {row.get("sha256") for row in rows} | {legacy_sha256(source.encode())} | set(context.pending)
+        gpu = not (context.profile or {}).get("interpreted", True)
+        tried = {row.get("sha256") for row in rows
+                 if evaluated_here(read_verdict(tools, task, row.get("version")), gpu)}
+        tried |= {legacy_sha256(source.encode())} | set(context.pending)
 
         def known(proposal: str) -> bool:
             return (legacy_sha256(proposal.encode()) in tried
@@ -431,6 +435,25 @@ class OfflineProposer:
             tools.submit(" + ".join(map(str, moves)), f"{reason} (config: {config})")
         raise LimitsExceeded("the offline search has tried every single-knob neighbour of the best configuration and "
                              "every pair of them")
+
+
+def read_verdict(tools: Tools, task: Task, version: str | None) -> dict:
+    """A recorded version's verdict.json ({} where it is missing or unreadable)."""
+    if not version:
+        return {}
+    read = tools.read_file(f"{task.versions_dir}/{version}/verdict.json")
+    try:
+        verdict = json.loads(read["output"]) if not read["returncode"] else {}
+    except ValueError:
+        return {}
+    return verdict if isinstance(verdict, dict) else {}
+
+
+def evaluated_here(verdict: dict, gpu: bool) -> bool:
+    """Whether a recorded attempt counts as tried for a search on a GPU (``gpu``) or under the interpreter: it was
+    wrong (a kernel wrong on one device is not timed on another), it ran on this kind of device, or its verdict is
+    missing (nothing says it may be run again)."""
+    return not verdict or verdict.get("correct") is False or bool(verdict.get("gpu_timing")) == gpu
 
 
 def failed_moves(rows: list[dict], task: Task) -> set[tuple[str, str, str]]:

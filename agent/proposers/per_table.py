@@ -37,7 +37,6 @@ earlier code. Nothing here imports candidate code.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 
@@ -45,7 +44,8 @@ from agent.config import Task
 from agent.exceptions import LimitsExceeded, ProposerError
 from agent.ledger import ATTEMPT_ROW, parse_row
 from agent.proposers import IterationContext
-from agent.proposers.offline import Move, Shape, Table, _Source, admits, find_tables, refused, render, single_moves
+from agent.proposers.offline import (Move, Shape, Table, _Source, admits, evaluated_here, find_tables, read_verdict,
+                                     refused, render, single_moves)
 from agent.proposers.space import Space, same_value
 from agent.tools import Tools
 
@@ -119,6 +119,7 @@ class History:
         self.sources: dict[str, str | None] = {}
         self.parsed: dict[str, list[Table] | None] = {}
         self.cases: dict[str, dict[str, float]] = {}
+        self.verdicts: dict[str, dict] = {}
         ledger = tools.read_file(task.ledger)["output"]
         self.rows = [parse_row(line, task) for line in ledger.splitlines() if ATTEMPT_ROW.match(line)]
         self.by_version = {row.get("version"): row for row in self.rows}
@@ -181,17 +182,19 @@ class History:
             self.sources[version] = None if read["returncode"] else read["output"]
         return self.sources[version]
 
+    def verdict(self, version: str) -> dict:
+        """That version's verdict.json ({} where it is missing or unreadable), read once."""
+        if version not in self.verdicts:
+            self.verdicts[version] = read_verdict(self.tools, self.task, version)
+        return self.verdicts[version]
+
     def speedups(self, version: str) -> dict[str, float]:
         """Case name -> speedup against the baseline in that version's own selfcheck (its verdict's ``cases``); none
         from a version that was not correct on every case (a kernel wrong anywhere is trusted nowhere: a race in
         shared code shows on a few cases only) or whose numbers were taken on another kind of device than the
         best's (``gpu``)."""
         if version not in self.cases:
-            read = self.tools.read_file(f"{self.task.versions_dir}/{version}/verdict.json")
-            try:
-                verdict = json.loads(read["output"]) if not read["returncode"] else {}
-            except ValueError:
-                verdict = {}
+            verdict = self.verdict(version)
             cases = verdict.get("cases") or []
             trusted = verdict.get("correct") is True and bool(verdict.get("gpu_timing")) == self.gpu
             self.cases[version] = _speedups({c.get("name"): c for c in cases if isinstance(c, dict)}) if trusted \
@@ -199,12 +202,16 @@ class History:
         return self.cases[version]
 
     def configurations(self, measured: bool = False) -> set[tuple]:
-        """(table name, its entries) of every table of every recorded version: what has been evaluated; with
-        ``measured``, only of the versions whose numbers are trusted (``speedups``): what has been timed."""
+        """(table name, its entries) of every table of every recorded version evaluated here (``evaluated_here``: a
+        configuration only the interpreter ran is untimed on a GPU, so a GPU run tries it again); with ``measured``,
+        only of the versions whose numbers are trusted (``speedups``): what has been timed."""
         found = set()
         for row in self.rows:
-            tables = self.tables(row["version"])
-            if tables is not None and (not measured or self.speedups(row["version"])):
+            version = row["version"]
+            tables = self.tables(version)
+            if tables is None:
+                continue
+            if self.speedups(version) if measured else evaluated_here(self.verdict(version), self.gpu):
                 found |= {configuration(t.name, t.entries) for t in tables}
         return found
 

@@ -162,14 +162,17 @@ def test_no_merge_after_the_steps_while_the_estimate_is_under_the_floor(tools): 
 @pytest.mark.parametrize("trusted", [{"correct": False}, {"gpu": False}], ids=["a-wrong-case", "interpreter-timed"])
 def test_no_credit_from_an_attempt_wrong_anywhere_or_timed_on_another_device(tools, trusted):  # noqa: F811
     """A step wrong on any case (a bug in shared code shows on a few cases only), or timed under the interpreter
-    while the best was timed on a GPU, makes no incumbent: the next attempt is another step, not a merge."""
+    while the best was timed on a GPU, makes no incumbent: the next attempt is another step, not a merge. The wrong
+    step is not tried again; the one only the interpreter ran was never timed, so the GPU run tries it (the same
+    solution, which the ledger already holds)."""
     tools.task = replace(tools.task, **FACTS)
     start = {"a": 1.0, "b": 0.8, "c": 1.2}
     record(tools, "v1", "v0", SOURCE, "start", "keep")
     step, submitted = propose(tools, SOURCE, start)
     record(tools, "v2", "v1", step, submitted.summary, "revert", {"a": 2.0, "b": 2.0, "c": 2.0}, **trusted)
-    _, submitted = propose(tools, SOURCE, start, last="v2")
+    again, submitted = propose(tools, SOURCE, start, last="v2")
     assert submitted.summary.startswith("per-table step"), submitted.summary
+    assert (again == step) is (trusted == {"gpu": False})
 
 
 def test_a_kept_step_gives_back_the_moves_that_lost(tools):  # noqa: F811
