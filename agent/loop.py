@@ -125,7 +125,7 @@ class Run:
         closing = last_iteration(iteration, self.config.iters, self.config.time_limit_min,
                                  time.monotonic() - self.session_start, walls)
         return IterationContext(iteration, prompts, profile, last, iters=self.config.iters,
-                                best=self.state.best_label, last=closing)
+                                best=self.state.best_label, last=closing, gpu=self.config.cuda)
 
     def step(self) -> None:
         self.check_limits()

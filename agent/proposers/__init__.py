@@ -46,6 +46,8 @@ class IterationContext:
     and not yet recorded: the offline search treats them as tried (a model sees their summaries in its prompt)."""
     pending_sources: list[str] = field(default_factory=list)
     """Their solution.py sources."""
+    gpu: bool | None = None
+    """Whether the run evaluates on a GPU (None: not said, as a proposer driven by hand may leave it)."""
 
 
 class Proposer(Protocol):

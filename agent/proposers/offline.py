@@ -9,8 +9,8 @@ holds a shape wins). The knobs it may move, and to which values, are the solutio
 (``agent.proposers.space``: its SEARCH_SPACE, else Triton's launch knobs). Each attempt moves one knob of one table
 to a neighbouring declared value (or adds a tier for the weaker stratum), in an order chosen from the last profile
 (the weaker stratum first); once every single move of the best is in the ledger, it combines two. It never proposes
-a solution already in the ledger (by sha256) that was evaluated on this kind of device or was wrong: a solution only
-the interpreter ran has never been timed, so a GPU run may propose it again.
+a solution already in the ledger (by sha256), except on a GPU one that only the interpreter ran, correctly: that one
+was never timed (``evaluated_here``).
 
 A shape is ``(stratum, value of each tier dimension in the task's order)``: the profile's cases, else the task's
 ``sample_cases``.
@@ -397,9 +397,9 @@ class OfflineProposer:
         # they are) or, for rows from before identities hashed every file, solution.py's own hash
         helpers = {path.name: path.read_bytes() for path in solution_files(tools.candidate)
                    if path.name != "solution.py"}
-        gpu = not (context.profile or {}).get("interpreted", True)
+        gpu = run_on_gpu(context)
         tried = {row.get("sha256") for row in rows
-                 if evaluated_here(read_verdict(tools, task, row.get("version")), gpu)}
+                 if not gpu or evaluated_here(read_verdict(tools, task, row.get("version")), gpu)}
         tried |= {legacy_sha256(source.encode())} | set(context.pending)
 
         def known(proposal: str) -> bool:
@@ -449,11 +449,22 @@ def read_verdict(tools: Tools, task: Task, version: str | None) -> dict:
     return verdict if isinstance(verdict, dict) else {}
 
 
+def run_on_gpu(context: IterationContext) -> bool:
+    """Whether the search's run evaluates on a GPU: the run says (``context.gpu``), else the best's profile does
+    (False where neither says: the interpreter's rule, everything recorded counts as tried)."""
+    if context.gpu is not None:
+        return context.gpu
+    return (context.profile or {}).get("interpreted") is False
+
+
 def evaluated_here(verdict: dict, gpu: bool) -> bool:
-    """Whether a recorded attempt counts as tried for a search on a GPU (``gpu``) or under the interpreter: it was
-    wrong (a kernel wrong on one device is not timed on another), it ran on this kind of device, or its verdict is
-    missing (nothing says it may be run again)."""
-    return not verdict or verdict.get("correct") is False or bool(verdict.get("gpu_timing")) == gpu
+    """Whether a recorded attempt counts as tried for a search on a GPU (``gpu``) or under the interpreter. Under the
+    interpreter every attempt does (running one again adds nothing). On a GPU every attempt does but one that only the
+    interpreter ran, correctly: it was never timed. A wrong one stays tried (a kernel wrong on one device is not
+    timed on another), and so does one whose verdict is missing or does not say where it ran."""
+    if not gpu:
+        return True
+    return not verdict or verdict.get("correct") is not True or verdict.get("gpu_timing", True) is not False
 
 
 def failed_moves(rows: list[dict], task: Task) -> set[tuple[str, str, str]]:

@@ -25,15 +25,16 @@ table whose incumbent runs slower than the baseline on every case it holds, as s
 won.
 
 Everything comes from the ledger and the snapshots (``versions/vN/solution.py`` and ``verdict.json``): every table
-configuration a recorded version holds (a move that would make one again is tried, in this run or a later one) and,
-for the attempts made from the best (in any run) that were correct on every case and timed on the best's kind of
-device, the numbers that make the incumbents. So a resumed run, or a new one started from the best (``--from vN``),
-goes on where the last stopped. A version whose tables are the best's counts as the best here: a kernel change
-submitted with the tables unchanged (``agent submit``) goes on where the search from its parent stopped, each
-attempt made from the parent counted by its gain over the parent's own numbers (the kernels differ). A knob a table
-of the best holds and the same table of an earlier version lacks (a knob added since) is read there at the value it
-came in with, its value in the general table of the best's first ancestor that has it, which by convention keeps the
-earlier code. Nothing here imports candidate code.
+configuration a recorded version holds (a move that would make one again is tried, in this run or a later one; on a
+GPU, but one only the interpreter ran, correctly: ``offline.evaluated_here``) and, for the attempts made from the best
+(in any run) that were correct on every case and timed on the best's kind of device, the numbers that make the
+incumbents. So a resumed run, or a new one started from the best (``--from vN``), goes on where the last stopped. A
+version whose tables are the best's counts as the best here: a kernel change submitted with the tables unchanged
+(``agent submit``) goes on where the search from its parent stopped, each attempt made from the parent counted by its
+gain over the parent's own numbers (the kernels differ). A knob a table of the best holds and the same table of an
+earlier version lacks (a knob added since) is read there at the value it came in with, its value in the general table
+of the best's first ancestor that has it, which by convention keeps the earlier code. Nothing here imports candidate
+code.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ from agent.exceptions import LimitsExceeded, ProposerError
 from agent.ledger import ATTEMPT_ROW, parse_row
 from agent.proposers import IterationContext
 from agent.proposers.offline import (Move, Shape, Table, _Source, admits, evaluated_here, find_tables, read_verdict,
-                                     refused, render, single_moves)
+                                     refused, render, run_on_gpu, single_moves)
 from agent.proposers.space import Space, same_value
 from agent.tools import Tools
 
@@ -370,7 +371,7 @@ def next_move(table: Table, moves: list[Move], tried: set[tuple], last_won: Chan
     jump (``jump_moves``; ``visited``: the configurations this table has been timed at, as ``configuration``'s
     entries), else its first untried neighbour (the move's order: ``single_moves``); nothing for a table that has no
     neighbour to move to (it decides no panel shape). A move is tried when the table configuration it makes has been
-    evaluated (``tried``: ``configuration`` of every recorded version's tables)."""
+    evaluated (``tried``: ``configuration`` of every recorded version's tables that counts here, ``evaluated_here``)."""
     def allowed(move: Move) -> bool:
         key = configuration(table.name, {**table.entries, **move.changes()})
         return key not in tried and not refused([general, table], space,
@@ -425,7 +426,7 @@ def iterate(context: IterationContext, tools: Tools, source: str, tables: list[T
     in the run's last iteration; else a step. ``known(proposal)`` says whether the ledger holds that solution already.
     Ends in ``tools.submit``, or LimitsExceeded when no table has a move left."""
     task = tools.task
-    history = History(tools, task, gpu=not (context.profile or {}).get("interpreted", True), tables=tables,
+    history = History(tools, task, gpu=run_on_gpu(context), tables=tables,
                       best=context.best)
     shapes = panel_shapes(context.profile, task)
     best = _speedups({(c.get("case") or {}).get("name"): c for c in (context.profile or {}).get("cases") or []})

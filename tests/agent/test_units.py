@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import subprocess
 from pathlib import Path
 
@@ -24,9 +25,9 @@ from tests.conftest import ROOT
 W4A16 = Task.load(ROOT)  # the task the offline tests' tables belong to (tiers key on n and k)
 
 
-def propose(tools, profile=None) -> tuple[str, Submitted]:  # noqa: F811
+def propose(tools, profile=None, gpu=None) -> tuple[str, Submitted]:  # noqa: F811
     with pytest.raises(Submitted) as submitted:
-        OfflineProposer().iterate(IterationContext(1, {}, profile), tools)
+        OfflineProposer().iterate(IterationContext(1, {}, profile, gpu=gpu), tools)
     return (tools.candidate / "solution.py").read_text(), submitted.value
 
 
@@ -78,6 +79,30 @@ def test_offline_search_follows_the_profile_and_never_repeats_the_ledger(tools):
     (tools.candidate / "solution.py").write_text(start)
     _, submitted = propose(tools, {"strata": {"balanced": 0.8, "expert-batch": 1.0}})
     assert submitted.summary == "TIERS[1] BLOCK_SIZE_N 64->32"
+
+
+@pytest.mark.parametrize("verdict,again", [({"correct": True, "gpu_timing": False}, True),
+                                           ({"correct": True, "gpu_timing": True}, False),
+                                           ({"correct": False, "gpu_timing": False}, False), (None, False)],
+                         ids=["interpreter-only", "gpu-timed", "wrong", "no-verdict"])
+def test_a_gpu_run_proposes_again_only_what_the_interpreter_alone_ran_right(tools, verdict, again):  # noqa: F811
+    """A solution only the interpreter ran, correctly, was never timed: a GPU run may propose it again (the run says
+    where it evaluates, with or without a profile). One timed on a GPU, one wrong anywhere and one whose verdict is
+    missing stay tried, and an interpreter run never proposes a recorded solution again."""
+    v0 = (tools.candidate / "solution.py").read_text()
+    strata = {"strata": {"balanced": 1.0, "expert-batch": 0.8}}
+    source, submitted = propose(tools, strata)
+    first = submitted.summary
+    ledger = tools.task.ledger_path
+    ledger.write_text(ledger.read_text() + format_row({"version": "v1", "sha256": _sha(source)}, tools.task) + "\n")
+    if verdict is not None:
+        folder = tools.task.root / tools.task.versions_dir / "v1"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "verdict.json").write_text(json.dumps(verdict))
+    for gpu, profile in ((True, strata), (True, None), (False, strata)):
+        (tools.candidate / "solution.py").write_text(v0)
+        _, submitted = propose(tools, profile, gpu=gpu)
+        assert (submitted.summary == first) is (again and gpu), (gpu, profile, submitted.summary)
 
 
 def test_a_proposal_whose_files_a_row_identifies_is_never_made_again(tools):  # noqa: F811

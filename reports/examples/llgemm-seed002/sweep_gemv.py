@@ -10,8 +10,8 @@ pairs, and each plan's output is checked against the oracle once. One JSON line 
     SET=cg: v71's family, the best tiles of SET=vec and three with more programs an SM, each with WEIGHT_CG off and
         on, at the points still short of the seed and five it qualified (about 45 s, estimated from SET=vec's rate)
     SET=pairs: the tiles of SET=cg (WEIGHT_CG off) under v66's GEMV and v71's (W and x read as int32 pairs of bf16,
-        rows unmasked, x's tile in W's shape where a step is shallow: what the leaner loop gains), at the same points
-        (about 45 s)
+        rows unmasked, x's tile in W's shape at one row of x where a step is shallow: what the leaner loop gains), at
+        the same points (about 45 s)
     SET=split: split plans (tensor-core and GEMV, 2-16 K shares) under three split epilogues: v62's (a fence.sc.gpu
         in every thread), v65's (CUTLASS's semaphore, an acq_rel counter in every share) and v66's (only the last
         share acquires), at eight points (about 60 s; where plan() leaves one share, no row)
