@@ -159,10 +159,7 @@ def table(result: dict) -> str:
         return paired_table(result)
     lines = ["| case | overrides | eager us | x own plan | max/min | graph hot us | graph flushed us | host us | "
              "GPU/host |", "|---|---|---|---|---|---|---|---|---|"]
-    by_case: dict[str, list[dict]] = {}
-    for row in result["timed"]:
-        by_case.setdefault(row["case"], []).append(row)
-    for case, rows in by_case.items():
+    for case, rows in by_case(result["timed"]).items():
         good = [r for r in rows if "eager_us" in r and r.get("correct_after")]
         own = next((r["eager_us"] for r in good if not r["overrides"]), None)
         for r in sorted(good, key=lambda r: r["eager_us"]):
@@ -180,10 +177,7 @@ def paired_table(result: dict) -> str:
     where none was replayed, over the own plan) and the lower of the two, which ranks the plans."""
     lines = ["| case | overrides | graph hot us | graph flushed us | x hot | x flushed | lower | eager us |",
              "|---|---|---|---|---|---|---|---|"]
-    by_case: dict[str, list[dict]] = {}
-    for row in result["timed"]:
-        by_case.setdefault(row["case"], []).append(row)
-    for case, rows in by_case.items():
+    for case, rows in by_case(result["timed"]).items():
         good = [r for r in rows if "graph_hot_us" in r and r.get("correct_after")]
         own = next((r for r in good if not r["overrides"]), None)
         ref = ("baseline_hot_us", "baseline_flushed_us") if all("baseline_hot_us" in r for r in good) else None
@@ -209,6 +203,14 @@ def paired_table(result: dict) -> str:
     title = ("speedups over the baseline" if any("baseline_hot_us" in r for r in result["timed"])
              else "speedups over the solution's own plan")
     return "\n".join([f"graph-paired task: plans ranked by the lower of their hot and flushed {title}"] + lines)
+
+
+def by_case(timed: list[dict]) -> dict[str, list[dict]]:
+    """The timed rows grouped by case, in the order they ran."""
+    found: dict[str, list[dict]] = {}
+    for row in timed:
+        found.setdefault(row["case"], []).append(row)
+    return found
 
 
 def failed_rows(case: str, rows: list[dict], good: list[dict], columns: int) -> list[str]:

@@ -25,6 +25,7 @@ import ast
 import itertools
 import json
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from agent.config import Task
 from agent.exceptions import LimitsExceeded, ProposerError
@@ -398,13 +399,18 @@ class OfflineProposer:
         helpers = {path.name: path.read_bytes() for path in solution_files(tools.candidate)
                    if path.name != "solution.py"}
         gpu = run_on_gpu(context)
-        tried = {row.get("sha256") for row in rows
-                 if not gpu or evaluated_here(read_verdict(tools, task, row.get("version")), gpu)}
-        tried |= {legacy_sha256(source.encode())} | set(context.pending)
+        recorded: dict[str, list[str]] = {}
+        for row in rows:
+            recorded.setdefault(row.get("sha256"), []).append(row.get("version"))
+        fixed = {legacy_sha256(source.encode())} | set(context.pending)
+
+        def tried(sha: str) -> bool:  # a verdict is read only for a proposal the ledger holds
+            return sha in fixed or any(evaluated_here(lambda: read_verdict(tools, task, version), gpu)
+                                       for version in recorded.get(sha, ()))
 
         def known(proposal: str) -> bool:
-            return (legacy_sha256(proposal.encode()) in tried
-                    or identity({**helpers, "solution.py": proposal.encode()}) in tried)
+            return (tried(legacy_sha256(proposal.encode()))
+                    or tried(identity({**helpers, "solution.py": proposal.encode()})))
         if space.strategy == "per-table":
             from agent.proposers import per_table  # it builds on this module's tables and moves
 
@@ -457,14 +463,16 @@ def run_on_gpu(context: IterationContext) -> bool:
     return (context.profile or {}).get("interpreted") is False
 
 
-def evaluated_here(verdict: dict, gpu: bool) -> bool:
-    """Whether a recorded attempt counts as tried for a search on a GPU (``gpu``) or under the interpreter. Under the
-    interpreter every attempt does (running one again adds nothing). On a GPU every attempt does but one that only the
-    interpreter ran, correctly: it was never timed. A wrong one stays tried (a kernel wrong on one device is not
-    timed on another), and so does one whose verdict is missing or does not say where it ran."""
+def evaluated_here(verdict: Callable[[], dict], gpu: bool) -> bool:
+    """Whether a recorded attempt counts as tried for a search on a GPU (``gpu``) or under the interpreter; its
+    ``verdict`` (read only on a GPU). Under the interpreter every attempt does (running one again adds nothing). On a
+    GPU every attempt does but one that only the interpreter ran, correctly: it was never timed. A wrong one stays
+    tried (a kernel wrong on one device is not timed on another), and so does one whose verdict is missing or does not
+    say where it ran."""
     if not gpu:
         return True
-    return not verdict or verdict.get("correct") is not True or verdict.get("gpu_timing", True) is not False
+    found = verdict()
+    return not found or found.get("correct") is not True or found.get("gpu_timing", True) is not False
 
 
 def failed_moves(rows: list[dict], task: Task) -> set[tuple[str, str, str]]:

@@ -212,7 +212,7 @@ class History:
             tables = self.tables(version)
             if tables is None:
                 continue
-            if self.speedups(version) if measured else evaluated_here(self.verdict(version), self.gpu):
+            if self.speedups(version) if measured else evaluated_here(lambda: self.verdict(version), self.gpu):
                 found |= {configuration(t.name, t.entries) for t in tables}
         return found
 
