@@ -3,20 +3,19 @@ The timing half needs CUDA and runs on the GPU only (`make sweep`)."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 import torch
 
 from evals import sweep
-from evals.loader import load_solution
 from evals import task as tasks
-from evals.task import load
+from evals.loader import load_solution
 from tests.conftest import ROOT
 
 FAMILY = str(ROOT / "methods" / "drafts" / "w4a16")
-TASK = load("w4a16")
+TASK = tasks.load("w4a16")
 
 
 def test_check_pair_runs_the_oracle_and_reports_a_bad_plan_as_a_row():
@@ -31,7 +30,7 @@ def test_check_pair_serves_the_llgemm_family_with_its_knobs():
     """llgemm's family (from v70) takes config=overrides as the sweep passes them: a GEMV plan is checked on the
     interpreter, an unknown knob is a row with its error."""
     family = str(ROOT / "tasks" / "llgemm" / "versions" / "v70")
-    case = asdict(load("llgemm").cases("smoke")[0])
+    case = asdict(tasks.load("llgemm").cases("smoke")[0])
     good = sweep._check_pair("llgemm", family, case, {"FALLBACK": False, "MMA": False, "BLOCK_N": 4, "BLOCK_K": 64,
                                                      "SPLIT_K": 2, "VEC": 1})
     assert good == {"ok": True, "error": None}
