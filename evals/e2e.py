@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -54,6 +53,7 @@ from evals import kernel_harness as kh
 from evals import task as tasks
 from evals.e2e_model import (CONFIGS, Config, Dense, Model, Stepper, Unservable, Weights, build_model, linear_calls,
                              linear_maker, new_state, random_weights, stored_bytes, teacher_forced)
+from evals.e2e_report import HEADER, add_ratios, format_row, summary, write
 from evals.loader import load_solution, resolve_solution_dir, unload_solution
 from evals.selfcheck import error_line
 from evals.verifier import provenance
@@ -70,7 +70,6 @@ DEFAULTS = {  # per config: batches, prompt tokens, checked positions
 BOUND_FACTOR = 4.0
 WARMUP = 10
 LINEAR_REPLAYS = 50
-SCORED_BATCHES = (18, 32)  # the W4A16 task's scored M range
 
 
 @dataclass
@@ -295,105 +294,8 @@ def run(options: Options, log=print) -> dict:
         add_ratios(report["rows"])
         for row in rows:
             log(format_row(row))
-        write(report, options)  # after every backend: a run cut short keeps what it measured
+        write(report, options.json, options.out)  # after every backend: a run cut short keeps what it measured
     return report
-
-
-def add_ratios(rows: list[dict]) -> None:
-    """Each timed row's tokens/s over bf16's and over tinygemm's at the same batch."""
-    speed = {(r["backend"], r["batch"]): r["tokens_per_s"] for r in rows}
-    for r in rows:
-        if r["tokens_per_s"]:
-            for key, base in (("vs_bf16", "bf16"), ("vs_tinygemm", "tinygemm")):
-                other = speed.get((base, r["batch"]))
-                r[key] = r["tokens_per_s"] / other if other else None
-
-
-# ------------------------------------------------------------------------------------------------ output
-HEADER = (f"{'backend':<26} {'batch':>5} {'tok/s':>9} {'TPOT_ms':>8} {'lin_ms':>7} {'lin%':>5} {'weight_GB':>9} "
-          f"{'GB/s':>6} {'max|err|':>9} {'bound':>9} {'ok':>3} {'greedy':>7} {'x_bf16':>6} {'x_tiny':>6}  note")
-
-
-def format_row(r: dict) -> str:
-    if r["batch"] is None:
-        return f"{r['backend']:<26} {'-':>5}  " + (f"error {r['error']}" if r["error"] else r["note"])
-    num = kh.cell
-    ok = "-" if r["correct"] is None else ("yes" if r["correct"] else "NO")
-    note = "; ".join(x for x in (r["note"], r["error"] and f"error {r['error']}") if x)
-    greedy = "-" if r["tokens_checked"] is None else f"{r['tokens_agree']}/{r['tokens_checked']}"
-    return (f"{r['backend']:<26} {r['batch']:>5} {num(r['tokens_per_s'], '.1f'):>9} {num(r['tpot_ms'], '.3f'):>8} "
-            f"{num(r['linear_ms'], '.3f'):>7} {num(r['linear_share'] and 100 * r['linear_share'], '.0f'):>5} "
-            f"{num(r['weight_gb'], '.4g'):>9} {num(r['gbps'], '.0f'):>6} {num(r['max_abs_err'], '.3g'):>9} "
-            f"{num(r['bound'], '.3g'):>9} {ok:>3} {greedy:>7} {num(r['vs_bf16']):>6} {num(r['vs_tinygemm']):>6}  "
-            f"{note}").rstrip()
-
-
-def summary(report: dict) -> list[str]:
-    """Per timed backend: its tokens/s over bf16 and tinygemm across the batches, and within the W4A16 task's scored
-    M range where the run has such batches."""
-    lines = []
-    for name in dict.fromkeys(r["backend"] for r in report["rows"] if r["vs_bf16"] or r["vs_tinygemm"]):
-        rows = [r for r in report["rows"] if r["backend"] == name and r["tokens_per_s"]]
-        for label_, chosen in (("every batch", rows),
-                               (f"batches {SCORED_BATCHES[0]}-{SCORED_BATCHES[1]}",
-                                [r for r in rows if SCORED_BATCHES[0] <= r["batch"] <= SCORED_BATCHES[1]])):
-            if chosen:
-                parts = [f"{span([r[key] for r in chosen])}x {base}"
-                         for key, base in (("vs_bf16", "bf16"), ("vs_tinygemm", "tinygemm"))
-                         if all(r[key] for r in chosen)]
-                lines.append(f"{name}, {label_} ({', '.join(str(r['batch']) for r in chosen)}): "
-                             + ("; ".join(parts) or "no baseline row"))
-    return lines
-
-
-def span(values: list[float]) -> str:
-    low, high = min(values), max(values)
-    return f"{low:.2f}" if abs(high - low) < 0.005 else f"{low:.2f}-{high:.2f}"
-
-
-def plot(report: dict, path: Path) -> bool:
-    """tokens/s against batch, a line per timed backend; False where nothing was timed or matplotlib is missing."""
-    series = {}
-    for r in report["rows"]:
-        if r["tokens_per_s"]:
-            series.setdefault(r["backend"], []).append((r["batch"], r["tokens_per_s"]))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    if not series:
-        return False
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    for name, points in series.items():
-        ax.plot(*zip(*points), marker="o", label=name)
-    ax.set_xlabel("batch (sequences, one token each per step)")
-    ax.set_ylabel("decode tokens/s")
-    model = report["model"]
-    ax.set_title(f"{report['config']} ({model['layers']} layers), {report['device']}", fontsize=10)
-    ax.set_xticks(report["batches"])
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
-
-
-def write(report: dict, options: Options) -> None:
-    """The JSON (``--json``), and under ``--out``: e2e.json, table.txt and tokens_per_s.png (timed rows only)."""
-    text = json.dumps(report, indent=2)
-    if options.json:
-        options.json.parent.mkdir(parents=True, exist_ok=True)
-        options.json.write_text(text)
-    if options.out:
-        options.out.mkdir(parents=True, exist_ok=True)
-        (options.out / "e2e.json").write_text(text)
-        table = [HEADER, *map(format_row, report["rows"]), *summary(report)]
-        (options.out / "table.txt").write_text("\n".join(table) + "\n")
-        plot(report, options.out / "tokens_per_s.png")
 
 
 # ------------------------------------------------------------------------------------------------ the command

@@ -12,6 +12,7 @@ import torch
 
 from evals import e2e
 from evals import e2e_model as em
+from evals import e2e_report
 from evals import kernel_harness as kh
 from tests.conftest import ROOT
 
@@ -129,24 +130,23 @@ def test_ratios_are_per_batch_against_bf16_and_tinygemm():
     rows = [{"backend": b, "batch": m, "tokens_per_s": s, "vs_bf16": None, "vs_tinygemm": None}
             for b, m, s in [("bf16", 8, 100.0), ("tinygemm", 8, 160.0), ("w4a16 main", 8, 240.0),
                             ("bf16", 24, 300.0), ("w4a16 main", 24, 600.0)]]
-    e2e.add_ratios(rows)
+    e2e_report.add_ratios(rows)
     main8, main24 = rows[2], rows[4]
     assert (main8["vs_bf16"], main8["vs_tinygemm"]) == (2.4, 1.5)
     assert (main24["vs_bf16"], main24["vs_tinygemm"]) == (2.0, None)
     report = {"rows": rows}
-    assert "w4a16 main, batches 18-32 (24): 2.00x bf16" in e2e.summary(report)
+    assert "w4a16 main, batches 18-32 (24): 2.00x bf16" in e2e_report.summary(report)
 
 
 def test_the_plot_and_table_are_written_where_asked(tmp_path):
     rows = [dict(vars(e2e.Row(b, m, "bfloat16", tokens_per_s=s, correct=True))) for b, m, s in
             [("bf16", 1, 50.0), ("bf16", 8, 380.0), ("tinygemm", 1, 90.0), ("tinygemm", 8, 600.0)]]
     report = {"rows": rows, "batches": [1, 8], "config": "tiny", "device": "cpu", "model": {"layers": 2}}
-    options = e2e.Options(TINY, "tiny", [], [1, 8], 4, 2, 8, json=tmp_path / "r.json", out=tmp_path / "out")
-    e2e.write(report, options)
+    e2e_report.write(report, tmp_path / "r.json", tmp_path / "out")
     assert json.loads((tmp_path / "r.json").read_text())["rows"] == rows
     assert (tmp_path / "out" / "tokens_per_s.png").read_bytes()[:4] == b"\x89PNG"
     table = (tmp_path / "out" / "table.txt").read_text().splitlines()
-    assert table[0] == e2e.HEADER and len(table) == 1 + len(rows)
+    assert table[0] == e2e_report.HEADER and len(table) == 1 + len(rows)
 
 
 @pytest.mark.parametrize("args, said", [
