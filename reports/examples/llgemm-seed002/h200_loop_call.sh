@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # One H200 call (at most CALL_S seconds, default 570): the loop on llgemm (offline, visible panel, time-limited) from
-# FROM (default v71), ITERS attempts (default 40), then its records back in $OUT.
+# FROM (default v98), ITERS attempts (default 40), then its records back in $OUT.
 began=$(date +%s)
 source "$(dirname "$0")/device_env.sh" || exit 1
 # PROBE=1: first, what each fresh evaluator process costs on this host (~20 s)
 [ -z "$PROBE" ] || python3 "$(dirname "$0")/startup_probe.py" 2>&1 | tee $OUT/startup.txt
-FROM=${FROM:-v71}
+FROM=${FROM:-v98}
 # STRESS=1 (the default; STRESS=0 skips it): first, the family's GPU tests (tests/methods/test_llgemm.py, mark gpu:
 # the newest family's split plans, 64 calls a regime); where they fail or give no result in STRESS_S seconds (200), the
 # loop starts from STRESS_FALLBACK (default v62, whose split epilogue, fenced in every thread, passed them) instead
