@@ -15,7 +15,13 @@ cases it holds, and attempts are of two kinds:
   than the best beyond noise, both timed in one process) keeps it once the wins add up past the noise. A merge comes
   when the incumbents' numbers put the score ``MERGE_GAIN`` over the best's, or after ``MERGE_AFTER`` steps from the
   best once they put it ``MERGE_FLOOR`` over, or in the run's last iteration (``IterationContext.last``: the
-  ``iters``-th, or the one its time limit leaves room for); otherwise another step.
+  ``iters``-th, or the one its time limit leaves room for), or right after a merge that was not kept and whose
+  timing against the best refuted some of its tables (below); otherwise another step.
+
+A merge not kept is still the one attempt that timed the incumbents against the best in one process (its verdict's
+``versus_best``: each case's speedup over the best). A table it changed on which one of its cases ran ``1 + MARGIN``
+times slower than under the best is refuted: that configuration is never an incumbent again (a step's numbers and
+the best's came from two processes; the head-to-head timing outranks them), so the next attempt merges the rest.
 
 A table's move wins, and becomes its incumbent, when every panel case the table holds ran at least ``1 + MARGIN``
 times faster than under its incumbent (speedups against the task's baseline, which each attempt measures paired in
@@ -60,11 +66,10 @@ noise cannot hide."""
 MERGE_AFTER = 3
 """Else after this many steps from the best: a step costs one selfcheck, a merge also the time against the best and
 the task's checks, several times as long (reports/examples/llgemm-seed002), so smaller wins gather first."""
-MERGE_FLOOR = 1.05
+MERGE_FLOOR = 1.03
 """...and only once the incumbents' numbers put the score this far over the best's: timed against the best, a merge
-came out 0.6-4% under its estimate (each incumbent is the best of noisy tries) and the keep rule asks 1 + noise (2-3%
-on the H200): every merge estimated under 1.04 was reverted there, every one over 1.06 kept
-(reports/examples/llgemm-seed002)."""
+came out 0.6-4% under its estimate (each incumbent is the best of noisy tries), and the keep rule of a graph-paired
+comparison asks at least 1% (agent.evaluate.NOISE_FLOOR; reports/examples/llgemm-seed002)."""
 FALLBACK = "FALLBACK"
 JUMP = (0, 0, -1, 0)  # a jump's Move.rank: jumps come in the space's order, before a table's one-knob moves
 SHOWN = 6  # changes a summary names before "and N more"
@@ -216,6 +221,23 @@ class History:
                 found |= {configuration(t.name, t.entries) for t in tables}
         return found
 
+    def refuted_by(self, row: dict, tables: list[Table], shapes: dict[str, Shape]) -> set[tuple]:
+        """The table configurations a merge that was not kept refuted (``configuration`` of each): each table it
+        changed against its parent on which a case the table holds (``held``, by the best's ``tables``) ran
+        ``1 + MARGIN`` times slower than under the best, timed against it in one process (its verdict's
+        ``versus_best``). None for another kind of row, a kept merge, or one never timed against the best."""
+        if not row.get("summary / hypothesis", "").startswith(MERGE):
+            return set()
+        verdict = self.verdict(row["version"])
+        versus = verdict.get("versus_best")
+        mine, theirs = self.tables(row["version"]), self.tables(row.get("parent"))
+        if verdict.get("keep") or not isinstance(versus, dict) or mine is None or theirs is None:
+            return set()
+        before = {t.name: t.entries for t in theirs}
+        return {configuration(t.name, t.entries) for t in mine if t.entries != before.get(t.name)
+                and any(isinstance(versus.get(case), (int, float)) and versus[case] * (1 + MARGIN) < 1
+                        for case in held(t, shapes, tables))}
+
     def moved(self, row: dict) -> list[Change]:
         """What a row's version changed against its parent (nothing when either snapshot is missing)."""
         mine, theirs = self.tables(row["version"]), self.tables(row["parent"])
@@ -252,7 +274,8 @@ def held(table: Table, shapes: dict[str, Shape], tables: list[Table]) -> list[st
 
 
 def incumbents(history: History, best_label: str | None, tables: list[Table], shapes: dict[str, Shape],
-               best: dict[str, float], lineage: set[str] | None = None) -> dict[str, Incumbent]:
+               best: dict[str, float], lineage: set[str] | None = None,
+               refuted: set[tuple] = frozenset()) -> dict[str, Incumbent]:
     """Each table's incumbent: the best's own values and numbers, then every attempt made from the best or from a
     version with its tables (``lineage``, by default the best alone; its parent, in any run: a run started from a
     version goes on where an earlier run from it stopped), in ledger order, each table taking an attempt's values
@@ -260,7 +283,8 @@ def incumbents(history: History, best_label: str | None, tables: list[Table], sh
     kernel may differ from the best's) counts by its gain over that version's own numbers, applied to the best's;
     none where that version has no trusted numbers. A table's ``won`` starts as the single change the search's last
     attempt in the lineage made to it (the best's own, or, for a best recorded by hand, its nearest such ancestor's),
-    when that was a per-table merge; the losing moves of a kept step are undone where the best is that step."""
+    when that was a per-table merge; the losing moves of a kept step are undone where the best is that step. A
+    configuration in ``refuted`` (``History.refuted_by``) never becomes an incumbent."""
     parents = {best_label} if lineage is None else lineage
     found = {t.name: Incumbent(dict(t.entries), {c: best[c] for c in held(t, shapes, tables) if c in best})
              for t in tables}
@@ -289,7 +313,8 @@ def incumbents(history: History, best_label: str | None, tables: list[Table], sh
                        if case in best and before.get(case)}
         for table in theirs:
             incumbent = found.get(table.name)
-            if incumbent is None or table.entries == incumbent.entries or not incumbent.speedups:
+            if incumbent is None or table.entries == incumbent.entries or not incumbent.speedups \
+                    or configuration(table.name, table.entries) in refuted:
                 continue
             if all(case in numbers and numbers[case] >= value * (1 + MARGIN)
                    for case, value in incumbent.speedups.items()):
@@ -431,7 +456,9 @@ def iterate(context: IterationContext, tools: Tools, source: str, tables: list[T
     shapes = panel_shapes(context.profile, task)
     best = _speedups({(c.get("case") or {}).get("name"): c for c in (context.profile or {}).get("cases") or []})
     lineage = history.lineage(context.best, tables)
-    found = incumbents(history, context.best, tables, shapes, best, lineage)
+    refuted = set().union(*(history.refuted_by(row, tables, shapes) for row in history.rows
+                            if row.get("parent") in lineage))
+    found = incumbents(history, context.best, tables, shapes, best, lineage, refuted)
     final = context.last or context.iters is not None and context.iteration >= context.iters
 
     def submit(edits: dict, moved: list[Change], kind: str, reason: str) -> None:
@@ -442,19 +469,25 @@ def iterate(context: IterationContext, tools: Tools, source: str, tables: list[T
         tools.submit(summarize(kind, moved), reason)
 
     pending = [c for t in tables for c in found[t.name].changes]
-    since = 0  # steps from the best (or a version with its tables) since its last merge attempt
+    since, last = 0, None  # steps from the best (or a version with its tables) since its last merge attempt
     for row in history.rows:
         if row.get("parent") in lineage:
             kind = row.get("summary / hypothesis", "")
             since = since + 1 if kind.startswith(STEP) else 0 if kind.startswith(MERGE) else since
+            last = row
+    trimmed = len(history.refuted_by(last, tables, shapes)) if last is not None else 0
     gain = estimated_gain(tables, found, shapes, best) if pending else 1.0
-    if pending and (final or since >= MERGE_AFTER and gain >= MERGE_FLOOR or gain >= MERGE_GAIN) or final:
+    if pending and (final or since >= MERGE_AFTER and gain >= MERGE_FLOOR or gain >= MERGE_GAIN
+                    or trimmed and gain > 1) or final:
         switched = losing(tables, found, space) if final else []
         moved = pending + [Change(name, FALLBACK, False, True) for name in switched]
         if moved:
             reasons = [f"every table's incumbent: {len({c.table for c in pending})} table(s) whose every case ran at "
                        f"least {1 + MARGIN:.2f}x faster than under the best's values (score ~{gain:.3f}x the best's "
                        "from those numbers)"] if pending else []
+            if trimmed:
+                reasons.append(f"without the {trimmed} table(s) on which the last merge ran a case at least "
+                               f"{1 + MARGIN:.2f}x slower than the best, timed against it")
             if switched:
                 reasons.append(f"the run's closing attempt (its last, by estimate): {len(switched)} table(s) slower "
                                "than the baseline on every case fall back to it")

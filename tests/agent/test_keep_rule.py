@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import random
+import statistics
 from pathlib import Path
 
 import pytest
 
 from agent.config import Task
-from agent.evaluate import SURELY_SLOWER, Evaluator, compare
+from agent.evaluate import NOISE_FLOOR, SURELY_SLOWER, Evaluator, compare, paired_noise
 
 # A stand-in selfcheck: the numbers come from the solution directory's numbers.json ("versus_v0" or, with
 # --baseline, "versus_best"): per-case speedups and a score, as evals.selfcheck reports them.
@@ -50,9 +53,9 @@ def test_compare_keeps_by_the_task_score_not_by_a_geomean_over_cases():
     assert not compare(None)["keep"]
 
 
-def test_a_graph_paired_case_brings_its_own_spread_as_its_noise():
-    """A graph-paired selfcheck gives each case its ``spread`` (the candidate's larger interquartile spread minus 1):
-    that is the case's noise, whatever its hot replays' max/min; a case without one keeps max/min - 1."""
+def test_a_case_without_paired_series_brings_its_own_spread_as_its_noise():
+    """A selfcheck case with a ``spread`` (the candidate's larger interquartile spread minus 1) but no paired replay
+    series: that is the case's noise, whatever its times' max/min; a case without one keeps max/min - 1."""
     paired = report(1.03, [("balanced", 1.03)] * 3)
     for case, spread in zip(paired["cases"], (0.04, 0.05, 0.06)):
         case.update(spread=spread, times_us=[10.0, 10.1, 30.0])  # one stalled replay: max/min - 1 would be 2.0
@@ -62,6 +65,48 @@ def test_a_graph_paired_case_brings_its_own_spread_as_its_noise():
     mixed = report(1.03, [("balanced", 1.03)] * 3)
     mixed["cases"][0]["spread"] = 0.5  # the others fall back to max/min - 1 = 0.005
     assert abs(compare(mixed)["noise"] - 0.005) < 1e-9
+    assert compare(mixed)["versus_best"] == {"c0": 1.03, "c1": 1.03, "c2": 1.03}
+
+
+def paired_report(gain: float, jitter: float, seed: int = 1) -> dict:
+    """Six cases in two strata, each with 21 hot and 101 flushed replays: the baseline ``gain`` times slower than the
+    candidate, each replay's times off by up to ``jitter`` (uniform), the score formed as the selfcheck forms it."""
+    rng = random.Random(seed)
+    cases, strata = [], {}
+    for i in range(6):
+        case = {"case": {"name": f"p{i}", "stratum": ("m1", "m16")[i % 2]}, "spread": 0.03}
+        for regime, pairs in (("hot", 21), ("flushed", 101)):
+            base = 5.0 + i
+            candidate = [base * (1 + rng.uniform(-jitter, jitter)) for _ in range(pairs)]
+            baseline = [base * gain * (1 + rng.uniform(-jitter, jitter)) for _ in range(pairs)]
+            case[regime] = {"candidate_times_us": candidate, "baseline_times_us": baseline,
+                            "ratio": statistics.median(baseline) / statistics.median(candidate)}
+        case["speedup"] = min(case["hot"]["ratio"], case["flushed"]["ratio"])
+        strata.setdefault(case["case"]["stratum"], []).append(math.log(case["speedup"]))
+        cases.append(case)
+    means = [math.exp(sum(v) / len(v)) for v in strata.values()]
+    return {"cases": cases, "score": len(means) / sum(1 / m for m in means)}
+
+
+def test_a_graph_paired_comparison_is_held_to_its_scores_bootstrap_noise_at_least_the_floor():
+    """Where every case has its paired replays, the noise is how far the score's bootstrap 5th percentile lies under
+    it, at least NOISE_FLOOR: a steady 2% gain over 50 cases' worth of pairs is kept although each case's own spread
+    (3%) is larger; the same gain under replays 40% apart is not; a gain under the floor never is."""
+    steady = paired_report(1.02, 0.005)
+    verdict = compare(steady)
+    assert verdict["noise"] == NOISE_FLOOR and verdict["keep"], verdict  # each case's spread, 0.03, would revert it
+    assert paired_noise(steady["cases"], steady["score"]) < NOISE_FLOOR
+    assert not compare(paired_report(1.005, 0.005))["keep"]  # under the floor
+    noisy = paired_report(1.02, 0.4)
+    loud = compare(noisy)
+    assert loud["noise"] > 0.02 and not loud["keep"], loud
+    assert compare(noisy)["noise"] == loud["noise"]  # seeded: the same report, the same noise
+    assert set(loud["versus_best"]) == {f"p{i}" for i in range(6)}
+    # one case without its flushed series: the whole comparison falls back to the median case spread
+    partial = paired_report(1.02, 0.005)
+    del partial["cases"][0]["flushed"]
+    assert paired_noise(partial["cases"], partial["score"]) is None
+    assert abs(compare(partial)["noise"] - 0.03) < 1e-9 and not compare(partial)["keep"]
 
 
 def evaluator(tmp_path: Path, cuda: bool = True) -> Evaluator:
