@@ -74,6 +74,9 @@ class Task:
     timing: str = "eager-groups"
     """The manifest's timing protocol: "eager-groups" (CUDA events over groups of eager calls, with the host-bound
     rule) or "graph-paired" (CUDA-graph replay paired with the baseline, hot and L2-flushed); the prompt says which."""
+    ledger_device: str | None = None
+    """The GPU that every GPU-timed verdict of the ledger naming no device was timed on (verdicts written before the
+    loop recorded the device): the per-table search compares numbers of one GPU model only."""
     eval_timeout_s: float = field(default_factory=lambda: float(os.environ.get("KLOOP_EVAL_TIMEOUT", "900")))
     """Wall-clock limit of each evaluator subprocess; on expiry its whole process group is killed. A run lowers it for
     its attempts to follow the panel (agent.evaluate.panel_limit)."""
@@ -123,7 +126,8 @@ class Task:
                    readable=tuple(data.get("readable", ())), tools=data.get("tools", {}),
                    tier_dims=data.get("tier_dims", {}),
                    sample_cases=tuple(data.get("sample_cases", ())), description=data.get("description", ""),
-                   timing=data.get("timing", "eager-groups"), commands=commands, **replaced)
+                   timing=data.get("timing", "eager-groups"), ledger_device=data.get("ledger_device"),
+                   commands=commands, **replaced)
 
     def command(self, stage: str) -> tuple[str, ...]:
         """The evaluator command (python arguments) of a stage."""
@@ -213,6 +217,8 @@ def _check_manifest(path: Path, data: dict) -> None:
     need(isinstance(data.get("commands", {}), dict) and all(isinstance(c, list) and c for c in
                                                             data.get("commands", {}).values()),
          "commands", '{"STAGE": ["-m", "evals.MODULE", ...]}')
+    need(isinstance(data.get("ledger_device", ""), str) and data.get("ledger_device") != "", "ledger_device",
+         'a GPU name as the selfcheck reports it (e.g. "NVIDIA H200"), or left out')
 
 
 def _refuse_shared_records(root: Path, folder: Path, data: dict) -> None:

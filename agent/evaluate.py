@@ -280,6 +280,8 @@ class Evaluator:
                    **{name: ("ok" if names[name].ok else "FAIL") if name in names else None
                       for name in self.task.checks},
                    "strata": (check or {}).get("strata", {}), "score": (check or {}).get("score"),
+                   # the GPU model its numbers were taken on: the per-table search compares one model's only
+                   "device": (check or {}).get("device") if self.cuda else None,
                    "cases": [_case_numbers(c) for c in (check or {}).get("cases", [])],
                    # "yes", "no (why)" or "-" (not measured: no CUDA, or never reached), and the cases that were not
                    "stable": stable_cell, "stability_note": stable_note,

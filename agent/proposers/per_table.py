@@ -120,8 +120,9 @@ class History:
     value in the general table of the best's first ancestor (``best``; else the first recorded version) that has it
     (a knob added to a kernel keeps the earlier code at that value); none where that value is an expression."""
 
-    def __init__(self, tools: Tools, task: Task, gpu: bool, tables: list[Table] = (), best: str | None = None):
-        self.tools, self.task, self.gpu = tools, task, gpu
+    def __init__(self, tools: Tools, task: Task, gpu: bool, tables: list[Table] = (), best: str | None = None,
+                 device: str | None = None):
+        self.tools, self.task, self.gpu, self.device = tools, task, gpu, device
         self.sources: dict[str, str | None] = {}
         self.parsed: dict[str, list[Table] | None] = {}
         self.cases: dict[str, dict[str, float]] = {}
@@ -198,26 +199,39 @@ class History:
         """Case name -> speedup against the baseline in that version's own selfcheck (its verdict's ``cases``); none
         from a version that was not correct on every case (a kernel wrong anywhere is trusted nowhere: a race in
         shared code shows on a few cases only) or whose numbers were taken on another kind of device than the
-        best's (``gpu``)."""
+        best's (``gpu``), or on another GPU model (``same_device``)."""
         if version not in self.cases:
             verdict = self.verdict(version)
             cases = verdict.get("cases") or []
-            trusted = verdict.get("correct") is True and bool(verdict.get("gpu_timing")) == self.gpu
+            trusted = verdict.get("correct") is True and bool(verdict.get("gpu_timing")) == self.gpu \
+                and self.same_device(version)
             self.cases[version] = _speedups({c.get("name"): c for c in cases if isinstance(c, dict)}) if trusted \
                 else {}
         return self.cases[version]
 
+    def same_device(self, version: str) -> bool:
+        """Whether a GPU-timed version ran on the search's GPU model (``device``: the best's profile names it): its
+        verdict's ``device``, else the manifest's ``ledger_device``; true where either side is unknown. Speedups
+        against the baseline differ between models (an H100 and an H200 differ in bandwidth by 1.4x), so another
+        model's numbers make no incumbent and its configurations are untried here."""
+        if not self.gpu or self.device is None:
+            return True
+        recorded = self.verdict(version).get("device") or self.task.ledger_device
+        return recorded is None or recorded == self.device
+
     def configurations(self, measured: bool = False) -> set[tuple]:
         """(table name, its entries) of every table of every recorded version evaluated here (``evaluated_here``: a
-        configuration only the interpreter ran is untimed on a GPU, so a GPU run tries it again); with ``measured``,
-        only of the versions whose numbers are trusted (``speedups``): what has been timed."""
+        configuration only the interpreter ran is untimed on a GPU, so a GPU run tries it again; one another GPU
+        model ran, ``same_device``, is tried again too); with ``measured``, only of the versions whose numbers are
+        trusted (``speedups``): what has been timed."""
         found = set()
         for row in self.rows:
             version = row["version"]
             tables = self.tables(version)
             if tables is None:
                 continue
-            if self.speedups(version) if measured else evaluated_here(lambda: self.verdict(version), self.gpu):
+            if self.speedups(version) if measured else \
+                    evaluated_here(lambda: self.verdict(version), self.gpu) and self.same_device(version):
                 found |= {configuration(t.name, t.entries) for t in tables}
         return found
 
@@ -451,8 +465,8 @@ def iterate(context: IterationContext, tools: Tools, source: str, tables: list[T
     in the run's last iteration; else a step. ``known(proposal)`` says whether the ledger holds that solution already.
     Ends in ``tools.submit``, or LimitsExceeded when no table has a move left."""
     task = tools.task
-    history = History(tools, task, gpu=run_on_gpu(context), tables=tables,
-                      best=context.best)
+    history = History(tools, task, gpu=run_on_gpu(context), tables=tables, best=context.best,
+                      device=(context.profile or {}).get("device"))
     shapes = panel_shapes(context.profile, task)
     best = _speedups({(c.get("case") or {}).get("name"): c for c in (context.profile or {}).get("cases") or []})
     lineage = history.lineage(context.best, tables)

@@ -45,14 +45,15 @@ RUN = "20261204-000000-0001"
 CASES = {"a": ("m1", 1, 64), "b": ("m2", 2, 64), "c": ("m1", 1, 128)}  # held by TIERS[0], [1], [2]
 
 
-def profile(speedups: dict[str, float]) -> dict:
-    return {"interpreted": False, "cases": [{"case": {"name": name, "stratum": s, "m": m, "n": n, "k": 64, "seed": 1},
+def profile(speedups: dict[str, float], device: str | None = None) -> dict:
+    return {"interpreted": False, "device": device,
+            "cases": [{"case": {"name": name, "stratum": s, "m": m, "n": n, "k": 64, "seed": 1},
                        "speedup": speedups[name], "correct": True} for name, (s, m, n) in CASES.items()]}
 
 
 def record(tools, version: str, parent: str, source: str, summary: str, decision: str,  # noqa: F811
            speedups: dict[str, float] | None = None, correct: bool = True, gpu: bool = True,
-           versus_best: dict[str, float] | None = None) -> None:
+           versus_best: dict[str, float] | None = None, device: str | None = None) -> None:
     """A snapshot, its verdict's cases (and, for an attempt timed against the best, each case's speedup over it) and
     its ledger row, as the loop writes them."""
     folder = tools.task.versions / version
@@ -60,6 +61,7 @@ def record(tools, version: str, parent: str, source: str, summary: str, decision
     (folder / "solution.py").write_text(source)
     cases = [{"name": n, "stratum": CASES[n][0], "speedup": v, "correct": True} for n, v in (speedups or {}).items()]
     verdict = {"correct": correct, "gpu_timing": gpu, "cases": cases, "keep": decision.startswith("keep")}
+    verdict |= {"device": device} if device else {}
     (folder / "verdict.json").write_text(json.dumps(verdict | ({"versus_best": versus_best} if versus_best else {})))
     ledger = tools.task.ledger_path
     row = {"version": version, "run": RUN, "parent": parent, "summary / hypothesis": summary, "decision": decision,
@@ -68,10 +70,11 @@ def record(tools, version: str, parent: str, source: str, summary: str, decision
 
 
 def propose(tools, best: str, best_speedups: dict, last: str | None = None, iteration: int = 1,  # noqa: F811
-            iters: int = 20, label: str = "v1", final: bool = False) -> tuple[str, Submitted]:
+            iters: int = 20, label: str = "v1", final: bool = False, device: str | None = None,
+            ) -> tuple[str, Submitted]:
     tools.candidate.joinpath("solution.py").write_text(best)
     with pytest.raises(Submitted) as submitted:
-        OfflineProposer().iterate(IterationContext(iteration, {}, profile(best_speedups),
+        OfflineProposer().iterate(IterationContext(iteration, {}, profile(best_speedups, device),
                                                    {"version": last} if last else None, iters=iters, best=label,
                                                    last=final),
                                  tools)
@@ -204,6 +207,28 @@ def test_a_merge_that_lost_a_tables_cases_head_to_head_is_trimmed_and_merged_aga
     assert submitted.summary.startswith("per-table step"), submitted.summary
     # TIERS[2] is back at the best's BLOCK 32; 64 is tried, so it moves down
     assert [e["BLOCK"] for e in entries(proposal, tools.task)][2] == 16
+
+
+@pytest.mark.parametrize("recorded", ["NVIDIA H200", None], ids=["named", "ledger-device"])
+def test_numbers_of_another_gpu_model_make_no_incumbent_and_their_moves_stay_untried(tools, recorded):  # noqa: F811
+    """A step timed on an H200 (its verdict names the device, or names none and the manifest's ``ledger_device``
+    says it): a search whose best was profiled on an H200 merges its win; one profiled on an H100 does not (an
+    H100's speedups are not an H200's), and tries the move again."""
+    tools.task = replace(tools.task, **FACTS, ledger_device="NVIDIA H200")
+    start = {"a": 1.0, "b": 0.8, "c": 1.2}
+    record(tools, "v1", "v0", SOURCE, "start", "keep", start)
+    tier1 = '"BLOCK": {}, "SPLIT": 1,\n     "FALLBACK": False}},\n    {{"M_MIN": 1, "M_MAX": 1, "N_MIN": 128'
+    moved = SOURCE.replace(tier1.format(32), tier1.format(16))
+    moved = moved.replace('"BLOCK": 32, "SPLIT": 1,\n     "FALLBACK": False},\n    {"M_MIN": 2',
+                          '"BLOCK": 64, "SPLIT": 1,\n     "FALLBACK": False},\n    {"M_MIN": 2')
+    assert [e["BLOCK"] for e in entries(moved, tools.task)] == [64, 16, 32]
+    record(tools, "v2", "v1", moved, "per-table step: 2 table(s): TIERS[0] BLOCK 32->64, TIERS[1] BLOCK 32->16",
+           "revert (~0.99x best)", start | {"a": 2.0, "b": 0.7}, device=recorded)  # TIERS[1] lost
+    _, submitted = propose(tools, SOURCE, start, last="v2", device="NVIDIA H200")
+    assert submitted.summary == "per-table merge: 1 table(s): TIERS[0] BLOCK 32->64", submitted.summary
+    step, submitted = propose(tools, SOURCE, start, last="v2", device="NVIDIA H100 80GB HBM3")
+    assert submitted.summary.startswith("per-table step"), submitted.summary
+    assert [e["BLOCK"] for e in entries(step, tools.task)][0] == 64  # untried on this model
 
 
 def test_a_kept_step_gives_back_the_moves_that_lost(tools):  # noqa: F811

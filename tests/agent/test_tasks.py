@@ -191,7 +191,8 @@ def test_a_malformed_manifest_is_refused_naming_the_field(project: Path, panel: 
             ("flat", {"strata": ["narrow", "wide"]}, "strata must be"),
             ("bare", {"baseline": "v0"}, "baseline must be"),
             ("loose", {"tools": {"run_x": {"stage": "nosuch", "description": "d"}}}, "tools must be"),
-            ("odd", {"columns": ["nosuch"]}, "columns must be")):
+            ("odd", {"columns": ["nosuch"]}, "columns must be"),
+            ("unnamed", {"ledger_device": 200}, "ledger_device must be")):
         add_task(project, name, **fields)
         done = agent(project, "run", "--iters", "1", "--panel", str(panel), "--task", name)
         assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr, done.stderr
