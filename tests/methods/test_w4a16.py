@@ -421,8 +421,10 @@ def test_warp_specialized_plans_take_the_most_splits_that_keep_one_wave():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [{"WS_MIN_US": 1}, {"WS_MIN_US": 1, "SPLIT_K": 1},
-                                    {"WS_MIN_US": 1, "BLOCK_SIZE_N": 128, "WS_MAXNREG": 72, "WS_STAGES": 4}])
+# FLOOR_GRID 0: the floor's stream-K grid would take 24x8192x3072 off the WS loop (it never runs it)
+@pytest.mark.parametrize("config", [{"WS_MIN_US": 1, "FLOOR_GRID": 0}, {"WS_MIN_US": 1, "SPLIT_K": 1},
+                                    {"WS_MIN_US": 1, "BLOCK_SIZE_N": 128, "WS_MAXNREG": 72, "WS_STAGES": 4,
+                                     "FLOOR_GRID": 0}])
 @pytest.mark.parametrize("encoded", [True, False])
 def test_the_warp_specialized_loop_on_cuda(config, encoded, monkeypatch):
     """The Gluon loop itself (on Hopper a WS plan runs ws.py, not the split-K kernel): a visible-size case and a thin
