@@ -214,9 +214,10 @@ class History:
         verdict's ``device``, else the manifest's ``ledger_device``; true where either side is unknown. Speedups
         against the baseline differ between models (an H100 and an H200 differ in bandwidth by 1.4x), so another
         model's numbers make no incumbent and its configurations are untried here."""
-        if not self.gpu or self.device is None:
+        verdict = self.verdict(version)
+        if not self.gpu or self.device is None or not verdict.get("gpu_timing"):  # no GPU model to tell apart
             return True
-        recorded = self.verdict(version).get("device") or self.task.ledger_device
+        recorded = verdict.get("device") or self.task.ledger_device
         return recorded is None or recorded == self.device
 
     def configurations(self, measured: bool = False) -> set[tuple]:
@@ -239,8 +240,9 @@ class History:
         """The table configurations a merge that was not kept refuted (``configuration`` of each): each table it
         changed against its parent on which a case the table holds (``held``, by the best's ``tables``) ran
         ``1 + MARGIN`` times slower than under the best, timed against it in one process (its verdict's
-        ``versus_best``). None for another kind of row, a kept merge, or one never timed against the best."""
-        if not row.get("summary / hypothesis", "").startswith(MERGE):
+        ``versus_best``). None for another kind of row, a kept merge, one never timed against the best, or one timed
+        on another GPU model (``same_device``)."""
+        if not row.get("summary / hypothesis", "").startswith(MERGE) or not self.same_device(row["version"]):
             return set()
         verdict = self.verdict(row["version"])
         versus = verdict.get("versus_best")
@@ -484,8 +486,8 @@ def iterate(context: IterationContext, tools: Tools, source: str, tables: list[T
 
     pending = [c for t in tables for c in found[t.name].changes]
     since, last = 0, None  # steps from the best (or a version with its tables) since its last merge attempt
-    for row in history.rows:
-        if row.get("parent") in lineage:
+    for row in history.rows:  # on this GPU model: another's attempts say nothing here
+        if row.get("parent") in lineage and history.same_device(row["version"]):
             kind = row.get("summary / hypothesis", "")
             since = since + 1 if kind.startswith(STEP) else 0 if kind.startswith(MERGE) else since
             last = row
