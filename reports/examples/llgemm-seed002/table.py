@@ -60,6 +60,9 @@ def main() -> None:
             per_m[m][1].append(theirs or 1.0)
             wins_seed += theirs is not None
         lines.append(f"| ({row['n']}, {row['k']}) | " + " | ".join(cells) + " |")
+    device = report.get("device") or "an unnamed device"
+    print(f"ours: {args.selfcheck}, measured on {device}; the seed's: an H200 SXM"
+          + ("" if "H200" in device else " (ours is another GPU model: the two columns do not compare)") + "\n")
     print("\n".join(lines))
     print(f"\n* qualified: >= {QUALIFIED} in both regimes (ours is the lower of the two).")
     print(f"qualified wins: ours {wins_ours} of {len(all_ours)}, seed {wins_seed} of {len(all_seed)}")
