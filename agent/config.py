@@ -217,8 +217,8 @@ def _check_manifest(path: Path, data: dict) -> None:
     need(isinstance(data.get("commands", {}), dict) and all(isinstance(c, list) and c for c in
                                                             data.get("commands", {}).values()),
          "commands", '{"STAGE": ["-m", "evals.MODULE", ...]}')
-    need(isinstance(data.get("ledger_device", ""), str) and data.get("ledger_device") != "", "ledger_device",
-         'a GPU name as the selfcheck reports it (e.g. "NVIDIA H200"), or left out')
+    need(data.get("ledger_device") is None or isinstance(data["ledger_device"], str) and data["ledger_device"] != "",
+         "ledger_device", 'a GPU name as the selfcheck reports it (e.g. "NVIDIA H200"), null or left out')
 
 
 def _refuse_shared_records(root: Path, folder: Path, data: dict) -> None:

@@ -302,8 +302,8 @@ def compare(report: dict | None) -> dict:
     the score.
 
     The noise, where every case is graph-paired (its ``hot`` and ``flushed`` records hold the paired replays'
-    series): how far the score's 5th percentile over bootstrap redraws of those pairs lies under the score
-    (``paired_noise``), at least ``NOISE_FLOOR``. Else the median over cases of each case's noise: its ``spread``
+    series): half the score's 5-95% range over bootstrap redraws of those pairs (``paired_noise``), at least
+    ``NOISE_FLOOR``. Else the median over cases of each case's noise: its ``spread``
     where the report gives one (the candidate's larger interquartile spread, minus 1), else the spread (max/min - 1)
     of the candidate's per-group times. ``versus_best`` keeps each case's speedup, which the per-table search reads
     back (a merge's table whose cases lost here is not merged again)."""
@@ -313,10 +313,10 @@ def compare(report: dict | None) -> dict:
     if not cases or len(speedups) != len(cases) or not score:
         return {"keep": False, "speedup_over_best": None, "noise": None, "compare_note": "no valid comparison"}
     per_case = {c["case"]["name"]: c["speedup"] for c in cases if (c.get("case") or {}).get("name")}
-    paired = paired_noise(cases, score)
+    paired = paired_noise(cases)
     if paired is not None:
         noise = max(NOISE_FLOOR, paired)
-        note = f"noise: the score's bootstrap 5th percentile {score - paired:.4f} (floor {NOISE_FLOOR})"
+        note = f"noise: half the score's bootstrap 5-95% range, {paired:.4f} (floor {NOISE_FLOOR})"
         return {"keep": score > 1 + noise, "speedup_over_best": score, "noise": noise, "compare_note": note,
                 "versus_best": per_case}
     spreads = sorted(c["spread"] if c.get("spread") is not None else max(c["times_us"]) / min(c["times_us"]) - 1
@@ -326,15 +326,15 @@ def compare(report: dict | None) -> dict:
 
 
 NOISE_FLOOR = 0.01
-"""The least noise of a graph-paired comparison: the replays' bootstrap sees one process's noise only. The same
-merge, timed against the same best in two runs, reproduced its score within 0.2%, and its bootstrap put the score's
-5-95% range at 0.4% (reports/examples/llgemm-seed002/README.md, "the keep rule")."""
+"""The least noise of a graph-paired comparison: the replays' bootstrap sees one process's noise only. Two merges
+of nearly the same tables, timed against the same best in two runs, scored 0.2% apart, each with a bootstrap 5-95%
+range of 0.4% (reports/examples/llgemm-seed002/README.md, "the keep rule")."""
 BOOTSTRAP_DRAWS = 400
 PAIRED = ("hot", "flushed")
 
 
-def paired_noise(cases: list[dict], score: float, draws: int = BOOTSTRAP_DRAWS) -> float | None:
-    """The score minus its 5th percentile over ``draws`` bootstrap redraws of every case's paired replays (each regime's
+def paired_noise(cases: list[dict], draws: int = BOOTSTRAP_DRAWS) -> float | None:
+    """Half the 5-95% range of the score over ``draws`` bootstrap redraws of every case's paired replays (each regime's
     pairs drawn with replacement, candidate and baseline together; a case's speedup the smaller of its regimes'
     baseline/candidate median ratios, as the selfcheck scores it); None unless every case has both regimes' series
     of equal lengths. The draws are seeded: the same report gives the same noise."""
@@ -343,7 +343,7 @@ def paired_noise(cases: list[dict], score: float, draws: int = BOOTSTRAP_DRAWS) 
         regimes = [case.get(name) or {} for name in PAIRED]
         pairs = [(r.get("candidate_times_us") or [], r.get("baseline_times_us") or []) for r in regimes]
         stratum = (case.get("case") or {}).get("stratum")
-        if not stratum or not all(a and len(a) == len(b) and min(a) > 0 for a, b in pairs):
+        if not stratum or not all(a and len(a) == len(b) and min(a) > 0 and min(b) > 0 for a, b in pairs):
             return None
         series.append((stratum, pairs))
     rng = random.Random(0)
@@ -360,7 +360,7 @@ def paired_noise(cases: list[dict], score: float, draws: int = BOOTSTRAP_DRAWS) 
         means = [math.exp(sum(v) / len(v)) for v in strata.values()]
         scores.append(len(means) / sum(1 / m for m in means))
     scores.sort()
-    return max(0.0, score - scores[int(0.05 * draws)])
+    return (scores[int(0.95 * draws)] - scores[int(0.05 * draws)]) / 2
 
 
 def _case_failure(case: dict) -> str:

@@ -9,8 +9,8 @@ holds a shape wins). The knobs it may move, and to which values, are the solutio
 (``agent.proposers.space``: its SEARCH_SPACE, else Triton's launch knobs). Each attempt moves one knob of one table
 to a neighbouring declared value (or adds a tier for the weaker stratum), in an order chosen from the last profile
 (the weaker stratum first); once every single move of the best is in the ledger, it combines two. It never proposes
-a solution already in the ledger (by sha256), except on a GPU one that only the interpreter ran, correctly: that one
-was never timed (``evaluated_here``).
+a solution already in the ledger (by sha256), except on a GPU one that only the interpreter or another GPU model ran,
+correctly: that one was never timed here (``evaluated_here``).
 
 A shape is ``(stratum, value of each tier dimension in the task's order)``: the profile's cases, else the task's
 ``sample_cases``.
@@ -398,15 +398,15 @@ class OfflineProposer:
         # they are) or, for rows from before identities hashed every file, solution.py's own hash
         helpers = {path.name: path.read_bytes() for path in solution_files(tools.candidate)
                    if path.name != "solution.py"}
-        gpu = run_on_gpu(context)
+        gpu, device = run_on_gpu(context), (context.profile or {}).get("device")
         recorded: dict[str, list[str]] = {}
         for row in rows:
             recorded.setdefault(row.get("sha256"), []).append(row.get("version"))
         fixed = {legacy_sha256(source.encode())} | set(context.pending)
 
         def tried(sha: str) -> bool:  # a verdict is read only for a proposal the ledger holds
-            return sha in fixed or any(evaluated_here(lambda: read_verdict(tools, task, version), gpu)
-                                       for version in recorded.get(sha, ()))
+            return sha in fixed or any(evaluated_here(lambda: read_verdict(tools, task, version), gpu, device,
+                                                      task.ledger_device) for version in recorded.get(sha, ()))
 
         def known(proposal: str) -> bool:
             return (tried(legacy_sha256(proposal.encode()))
@@ -463,16 +463,23 @@ def run_on_gpu(context: IterationContext) -> bool:
     return (context.profile or {}).get("interpreted") is False
 
 
-def evaluated_here(verdict: Callable[[], dict], gpu: bool) -> bool:
-    """Whether a recorded attempt counts as tried for a search on a GPU (``gpu``) or under the interpreter; its
-    ``verdict`` (read only on a GPU). Under the interpreter every attempt does (running one again adds nothing). On a
-    GPU every attempt does but one that only the interpreter ran, correctly: it was never timed. A wrong one stays
-    tried (a kernel wrong on one device is not timed on another), and so does one whose verdict is missing or does not
-    say where it ran."""
+def evaluated_here(verdict: Callable[[], dict], gpu: bool, device: str | None = None,
+                   ledger_device: str | None = None) -> bool:
+    """Whether a recorded attempt counts as tried for a search on a GPU (``gpu``; of the model ``device``, where
+    known) or under the interpreter; its ``verdict`` (read only on a GPU). Under the interpreter every attempt does
+    (running one again adds nothing). On a GPU every attempt does but one that ran correctly without being timed here:
+    only under the interpreter, or on another GPU model (the verdict's ``device``, else ``ledger_device``, the task's
+    model for verdicts that name none). A wrong one stays tried (a kernel wrong on one device is not timed on
+    another), and so does one whose verdict is missing or does not say where it ran."""
     if not gpu:
         return True
     found = verdict()
-    return not found or found.get("correct") is not True or found.get("gpu_timing", True) is not False
+    if not found or found.get("correct") is not True:
+        return True
+    if found.get("gpu_timing", True) is False:
+        return False
+    recorded = found.get("device") or ledger_device
+    return device is None or recorded is None or recorded == device
 
 
 def failed_moves(rows: list[dict], task: Task) -> set[tuple[str, str, str]]:

@@ -226,9 +226,8 @@ class History:
 
     def configurations(self, measured: bool = False) -> set[tuple]:
         """(table name, its entries) of every table of every recorded version evaluated here (``evaluated_here``: a
-        configuration only the interpreter ran is untimed on a GPU, so a GPU run tries it again; one another GPU
-        model ran, ``same_device``, is tried again too); with ``measured``, only of the versions whose numbers are
-        trusted (``speedups``): what has been timed."""
+        configuration only the interpreter or another GPU model ran correctly is untimed here, so it is tried again);
+        with ``measured``, only of the versions whose numbers are trusted (``speedups``): what has been timed."""
         found = set()
         for row in self.rows:
             version = row["version"]
@@ -236,7 +235,7 @@ class History:
             if tables is None:
                 continue
             if self.speedups(version) if measured else \
-                    evaluated_here(lambda: self.verdict(version), self.gpu) and self.same_device(version):
+                    evaluated_here(lambda: self.verdict(version), self.gpu, self.device, self.task.ledger_device):
                 found |= {configuration(t.name, t.entries) for t in tables}
         return found
 
@@ -245,10 +244,12 @@ class History:
         changed against its parent on which a case the table holds (``held``, by the best's ``tables``) ran under
         ``REFUTED`` times the best's speed, timed against it in one process (its verdict's
         ``versus_best``). None for another kind of row, a kept merge, one never timed against the best, or one timed
-        on another GPU model (``same_device``)."""
+        on another kind of device than the search's or another GPU model (``same_device``)."""
         if not row.get("summary / hypothesis", "").startswith(MERGE) or not self.same_device(row["version"]):
             return set()
         verdict = self.verdict(row["version"])
+        if bool(verdict.get("gpu_timing")) != self.gpu:  # interpreter wall times refute nothing on a GPU, and back
+            return set()
         versus = verdict.get("versus_best")
         mine, theirs = self.tables(row["version"]), self.tables(row.get("parent"))
         if verdict.get("keep") or not isinstance(versus, dict) or mine is None or theirs is None:
@@ -468,7 +469,9 @@ def iterate(context: IterationContext, tools: Tools, source: str, tables: list[T
             known) -> None:
     """One per-table attempt: a merge when some incumbent differs from the best and the incumbents' numbers put the
     score MERGE_GAIN over the best's, or MERGE_FLOOR over it once MERGE_AFTER steps have been made from the best, or
-    in the run's last iteration; else a step. ``known(proposal)`` says whether the ledger holds that solution already.
+    in the run's last iteration, or over 1 right after a merge that refuted tables (the trimmed merge); else a
+    step (steps and merges counted on the best's GPU model only). ``known(proposal)`` says whether the ledger holds
+    that solution already.
     Ends in ``tools.submit``, or LimitsExceeded when no table has a move left."""
     task = tools.task
     history = History(tools, task, gpu=run_on_gpu(context), tables=tables, best=context.best,

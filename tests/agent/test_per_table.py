@@ -231,10 +231,12 @@ def test_numbers_of_another_gpu_model_make_no_incumbent_and_their_moves_stay_unt
     assert [e["BLOCK"] for e in entries(step, tools.task)][0] == 64  # untried on this model
 
 
-def test_a_merge_timed_on_another_gpu_model_refutes_nothing_here(tools):  # noqa: F811
-    """A merge an H100 timed against the best, one of its tables losing there: a search on the H200 takes no
-    refutation from it (its head-to-head numbers are the H100's), so it trims nothing; the merge it would make is that
-    one again, in the ledger already, and it steps instead."""
+@pytest.mark.parametrize("elsewhere", [{"device": "NVIDIA H100 80GB HBM3"}, {"gpu": False}],
+                         ids=["another-model", "interpreter"])
+def test_a_merge_timed_on_another_device_refutes_nothing_here(tools, elsewhere):  # noqa: F811
+    """A merge an H100 (or the interpreter) timed against the best, one of its tables losing there: a search on the
+    H200 takes no refutation from it (its head-to-head numbers are not the H200's), so it trims nothing, and the
+    merge, untimed on the H200, is made again there."""
     tools.task = replace(tools.task, **FACTS, ledger_device="NVIDIA H200")
     start = {"a": 1.0, "b": 0.8, "c": 1.2}
     record(tools, "v1", "v0", SOURCE, "start", "keep", start)
@@ -244,9 +246,10 @@ def test_a_merge_timed_on_another_gpu_model_refutes_nothing_here(tools):  # noqa
     merged, submitted = propose(tools, SOURCE, start, last="v2", device="NVIDIA H200")
     assert submitted.summary == "per-table merge: 2 table(s): TIERS[0] BLOCK 32->64, TIERS[2] BLOCK 32->64"
     record(tools, "v3", "v1", merged, submitted.summary, "revert (1.004x best, noise 0.010)", start,
-           versus_best={"a": 1.2, "b": 1.0, "c": 0.9}, device="NVIDIA H100 80GB HBM3")
-    _, submitted = propose(tools, SOURCE, start, last="v3", device="NVIDIA H200")
-    assert submitted.summary.startswith("per-table step"), submitted.summary
+           versus_best={"a": 1.2, "b": 1.0, "c": 0.9}, **elsewhere)
+    again, submitted = propose(tools, SOURCE, start, last="v3", device="NVIDIA H200")
+    assert submitted.summary == "per-table merge: 2 table(s): TIERS[0] BLOCK 32->64, TIERS[2] BLOCK 32->64"
+    assert again == merged
 
 
 def test_a_kept_step_gives_back_the_moves_that_lost(tools):  # noqa: F811
