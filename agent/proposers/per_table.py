@@ -20,8 +20,9 @@ cases it holds, and attempts are of two kinds:
 
 A merge not kept is still the one attempt that timed the incumbents against the best in one process (its verdict's
 ``versus_best``: each case's speedup over the best). A table it changed on which one of its cases ran under
-``REFUTED`` times the best's speed is refuted: that configuration is never an incumbent again (a step's numbers and
-the best's came from two processes; the head-to-head timing outranks them), so the next attempt merges the rest.
+``REFUTED`` times the best's speed is refuted: that configuration is no incumbent again while the best's tables
+stay (a step's numbers and the best's came from two processes; the head-to-head timing outranks them), so the next
+attempt merges the rest.
 
 A table's move wins, and becomes its incumbent, when every panel case the table holds ran at least ``1 + MARGIN``
 times faster than under its incumbent (speedups against the task's baseline, which each attempt measures paired in
@@ -509,8 +510,8 @@ def iterate(context: IterationContext, tools: Tools, source: str, tables: list[T
                        f"least {1 + MARGIN:.2f}x faster than under the best's values (score ~{gain:.3f}x the best's "
                        "from those numbers)"] if pending else []
             if trimmed:
-                reasons.append(f"without the {trimmed} table(s) on which the last merge ran a case under "
-                               f"{REFUTED}x the best's speed, timed against it")
+                reasons.append(f"without the last merge's configuration of {trimmed} table(s), which ran a case "
+                               f"under {REFUTED}x the best's speed, timed against it")
             if switched:
                 reasons.append(f"the run's closing attempt (its last, by estimate): {len(switched)} table(s) slower "
                                "than the baseline on every case fall back to it")

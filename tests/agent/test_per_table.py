@@ -199,7 +199,7 @@ def test_a_merge_that_lost_a_tables_cases_head_to_head_is_trimmed_and_merged_aga
            versus_best={"a": REFUTED + 0.01, "b": 1.0, "c": 0.9})
     trimmed, submitted = propose(tools, SOURCE, start, last="v3")
     assert submitted.summary == "per-table merge: 1 table(s): TIERS[0] BLOCK 32->64", submitted.summary
-    assert "without the 1 table(s)" in submitted.hypothesis
+    assert "configuration of 1 table(s)" in submitted.hypothesis
     assert [e["BLOCK"] for e in entries(trimmed, tools.task)] == [64, 32, 32]
     record(tools, "v4", "v1", trimmed, submitted.summary, "revert (1.004x best, noise 0.010)", after | {"c": 1.2},
            versus_best={"a": 1.004, "b": 1.0, "c": 1.0})
