@@ -251,6 +251,8 @@ class History:
         verdict = self.verdict(row["version"])
         if bool(verdict.get("gpu_timing")) != self.gpu:  # interpreter wall times refute nothing on a GPU, and back
             return set()
+        if (verdict.get("worker") or {}).get("shared"):  # timed beside another worker on its GPU: not head-to-head
+            return set()
         versus = verdict.get("versus_best")
         mine, theirs = self.tables(row["version"]), self.tables(row.get("parent"))
         if verdict.get("keep") or not isinstance(versus, dict) or mine is None or theirs is None:

@@ -53,7 +53,8 @@ def profile(speedups: dict[str, float], device: str | None = None) -> dict:
 
 def record(tools, version: str, parent: str, source: str, summary: str, decision: str,  # noqa: F811
            speedups: dict[str, float] | None = None, correct: bool = True, gpu: bool = True,
-           versus_best: dict[str, float] | None = None, device: str | None = None) -> None:
+           versus_best: dict[str, float] | None = None, device: str | None = None,
+           worker: dict | None = None) -> None:
     """A snapshot, its verdict's cases (and, for an attempt timed against the best, each case's speedup over it) and
     its ledger row, as the loop writes them."""
     folder = tools.task.versions / version
@@ -61,7 +62,7 @@ def record(tools, version: str, parent: str, source: str, summary: str, decision
     (folder / "solution.py").write_text(source)
     cases = [{"name": n, "stratum": CASES[n][0], "speedup": v, "correct": True} for n, v in (speedups or {}).items()]
     verdict = {"correct": correct, "gpu_timing": gpu, "cases": cases, "keep": decision.startswith("keep")}
-    verdict |= {"device": device} if device else {}
+    verdict |= ({"device": device} if device else {}) | ({"worker": worker} if worker else {})
     (folder / "verdict.json").write_text(json.dumps(verdict | ({"versus_best": versus_best} if versus_best else {})))
     ledger = tools.task.ledger_path
     row = {"version": version, "run": RUN, "parent": parent, "summary / hypothesis": summary, "decision": decision,
@@ -231,12 +232,14 @@ def test_numbers_of_another_gpu_model_make_no_incumbent_and_their_moves_stay_unt
     assert [e["BLOCK"] for e in entries(step, tools.task)][0] == 64  # untried on this model
 
 
-@pytest.mark.parametrize("elsewhere", [{"device": "NVIDIA H100 80GB HBM3"}, {"gpu": False}],
-                         ids=["another-model", "interpreter"])
+@pytest.mark.parametrize("elsewhere", [{"device": "NVIDIA H100 80GB HBM3"}, {"gpu": False},
+                                       {"device": "NVIDIA H200", "worker": {"gpu": "0", "shared": True}}],
+                         ids=["another-model", "interpreter", "shared-gpu"])
 def test_a_merge_timed_on_another_device_refutes_nothing_here(tools, elsewhere):  # noqa: F811
     """A merge an H100 (or the interpreter) timed against the best, one of its tables losing there: a search on the
     H200 takes no refutation from it (its head-to-head numbers are not the H200's), so it trims nothing, and the
-    merge, untimed on the H200, is made again there."""
+    merge, untimed on the H200, is made again there. One timed on the H200 beside another worker refutes nothing
+    either (and, timed there, is not made again: the search steps)."""
     tools.task = replace(tools.task, **FACTS, ledger_device="NVIDIA H200")
     start = {"a": 1.0, "b": 0.8, "c": 1.2}
     record(tools, "v1", "v0", SOURCE, "start", "keep", start)
@@ -248,8 +251,11 @@ def test_a_merge_timed_on_another_device_refutes_nothing_here(tools, elsewhere):
     record(tools, "v3", "v1", merged, submitted.summary, "revert (1.004x best, noise 0.010)", start,
            versus_best={"a": 1.2, "b": 1.0, "c": 0.9}, **elsewhere)
     again, submitted = propose(tools, SOURCE, start, last="v3", device="NVIDIA H200")
-    assert submitted.summary == "per-table merge: 2 table(s): TIERS[0] BLOCK 32->64, TIERS[2] BLOCK 32->64"
-    assert again == merged
+    if "worker" in elsewhere:
+        assert submitted.summary.startswith("per-table step"), submitted.summary
+    else:
+        assert submitted.summary == "per-table merge: 2 table(s): TIERS[0] BLOCK 32->64, TIERS[2] BLOCK 32->64"
+        assert again == merged
 
 
 def test_a_kept_step_gives_back_the_moves_that_lost(tools):  # noqa: F811
