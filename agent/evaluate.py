@@ -303,9 +303,9 @@ def compare(report: dict | None) -> dict:
 
     The noise, where every case is graph-paired (its ``hot`` and ``flushed`` records hold the paired replays'
     series): half the score's 5-95% range over bootstrap redraws of those pairs (``paired_noise``), at least
-    ``NOISE_FLOOR``. Else the median over cases of each case's noise: its ``spread``
-    where the report gives one (the candidate's larger interquartile spread, minus 1), else the spread (max/min - 1)
-    of the candidate's per-group times. ``versus_best`` keeps each case's speedup, which the per-table search reads
+    ``NOISE_FLOOR``. Else the median over cases of each case's noise: its ``spread`` where the report gives one (the
+    candidate's larger interquartile spread, minus 1), else the spread (max/min - 1) of the candidate's per-group
+    times. ``versus_best`` keeps each case's speedup, which the per-table search reads
     back (a merge's table whose cases lost here is not merged again)."""
     cases = (report or {}).get("cases", [])
     speedups = [c["speedup"] for c in cases if c.get("speedup")]
