@@ -334,10 +334,17 @@ PAIRED = ("hot", "flushed")
 
 
 def paired_noise(cases: list[dict], draws: int = BOOTSTRAP_DRAWS) -> float | None:
-    """Half the 5-95% range of the score over ``draws`` bootstrap redraws of every case's paired replays (each regime's
-    pairs drawn with replacement, candidate and baseline together; a case's speedup the smaller of its regimes'
-    baseline/candidate median ratios, as the selfcheck scores it); None unless every case has both regimes' series
-    of equal lengths. The draws are seeded: the same report gives the same noise."""
+    """Half the 5-95% range of the score over ``draws`` bootstrap redraws of the paired replays
+    (``bootstrap_scores``); None where a case has no paired series."""
+    scores = bootstrap_scores(cases, draws)
+    return None if scores is None else (scores[int(0.95 * draws)] - scores[int(0.05 * draws)]) / 2
+
+
+def bootstrap_scores(cases: list[dict], draws: int, seed: int = 0) -> list[float] | None:
+    """The task's score over ``draws`` bootstrap redraws of every case's paired replays, sorted: each regime's pairs
+    drawn with replacement, candidate and baseline together; a case's speedup the smaller of its regimes'
+    baseline/candidate median ratios, as the selfcheck scores it. None unless every case has both regimes' series of
+    equal lengths. Seeded: the same report gives the same scores."""
     series = []
     for case in cases:
         regimes = [case.get(name) or {} for name in PAIRED]
@@ -346,7 +353,7 @@ def paired_noise(cases: list[dict], draws: int = BOOTSTRAP_DRAWS) -> float | Non
         if not stratum or not all(a and len(a) == len(b) and min(a) > 0 and min(b) > 0 for a, b in pairs):
             return None
         series.append((stratum, pairs))
-    rng = random.Random(0)
+    rng = random.Random(seed)
     scores = []
     for _ in range(draws):
         strata: dict[str, list[float]] = {}
@@ -359,8 +366,7 @@ def paired_noise(cases: list[dict], draws: int = BOOTSTRAP_DRAWS) -> float | Non
             strata.setdefault(stratum, []).append(math.log(min(ratios)))
         means = [math.exp(sum(v) / len(v)) for v in strata.values()]
         scores.append(len(means) / sum(1 / m for m in means))
-    scores.sort()
-    return (scores[int(0.95 * draws)] - scores[int(0.05 * draws)]) / 2
+    return sorted(scores)
 
 
 def _case_failure(case: dict) -> str:

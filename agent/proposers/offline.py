@@ -478,7 +478,13 @@ def evaluated_here(verdict: Callable[[], dict], gpu: bool, device: str | None = 
         return True
     if found.get("gpu_timing", True) is False:
         return False
-    recorded = found.get("device") or ledger_device
+    return same_model(found, device, ledger_device)
+
+
+def same_model(verdict: dict, device: str | None, ledger_device: str | None) -> bool:
+    """Whether a GPU-timed verdict was timed on the GPU model ``device``: its own ``device``, else ``ledger_device``
+    (the task's model for verdicts that name none); true where either side is unknown."""
+    recorded = verdict.get("device") or ledger_device
     return device is None or recorded is None or recorded == device
 
 

@@ -53,7 +53,7 @@ from agent.exceptions import LimitsExceeded, ProposerError
 from agent.ledger import ATTEMPT_ROW, parse_row
 from agent.proposers import IterationContext
 from agent.proposers.offline import (Move, Shape, Table, _Source, admits, evaluated_here, find_tables, read_verdict,
-                                     refused, render, run_on_gpu, single_moves)
+                                     refused, render, run_on_gpu, same_model, single_moves)
 from agent.proposers.space import Space, same_value
 from agent.tools import Tools
 
@@ -220,10 +220,9 @@ class History:
         against the baseline differ between models (an H100 and an H200 differ in bandwidth by 1.4x), so another
         model's numbers make no incumbent and its configurations are untried here."""
         verdict = self.verdict(version)
-        if not self.gpu or self.device is None or not verdict.get("gpu_timing"):  # no GPU model to tell apart
+        if not self.gpu or not verdict.get("gpu_timing"):  # no GPU model to tell apart
             return True
-        recorded = verdict.get("device") or self.task.ledger_device
-        return recorded is None or recorded == self.device
+        return same_model(verdict, self.device, self.task.ledger_device)
 
     def configurations(self, measured: bool = False) -> set[tuple]:
         """(table name, its entries) of every table of every recorded version evaluated here (``evaluated_here``: a
@@ -482,8 +481,9 @@ def iterate(context: IterationContext, tools: Tools, source: str, tables: list[T
     shapes = panel_shapes(context.profile, task)
     best = _speedups({(c.get("case") or {}).get("name"): c for c in (context.profile or {}).get("cases") or []})
     lineage = history.lineage(context.best, tables)
-    refuted = set().union(*(history.refuted_by(row, tables, shapes) for row in history.rows
-                            if row.get("parent") in lineage))
+    refutations = {row["version"]: history.refuted_by(row, tables, shapes) for row in history.rows
+                   if row.get("parent") in lineage}
+    refuted = set().union(*refutations.values())
     found = incumbents(history, context.best, tables, shapes, best, lineage, refuted)
     final = context.last or context.iters is not None and context.iteration >= context.iters
 
@@ -501,7 +501,7 @@ def iterate(context: IterationContext, tools: Tools, source: str, tables: list[T
             kind = row.get("summary / hypothesis", "")
             since = since + 1 if kind.startswith(STEP) else 0 if kind.startswith(MERGE) else since
             last = row
-    trimmed = len(history.refuted_by(last, tables, shapes)) if last is not None else 0
+    trimmed = len(refutations[last["version"]]) if last is not None else 0
     gain = estimated_gain(tables, found, shapes, best) if pending else 1.0
     if pending and (final or since >= MERGE_AFTER and gain >= MERGE_FLOOR or gain >= MERGE_GAIN
                     or trimmed and gain > 1) or final:

@@ -5,16 +5,10 @@ high. Usage: python3 projection.py SELFCHECK.json [SWEEP.jsonl ...] (default: ev
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-QUALIFIED = 1.03
-
-
-def geomean(values):
-    return math.exp(sum(math.log(v) for v in values) / len(values))
+from table import HERE, QUALIFIED, geomean  # this folder's side-by-side table: the same qualification and means
 
 
 def main() -> None:

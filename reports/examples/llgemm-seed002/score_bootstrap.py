@@ -1,28 +1,17 @@
-"""How uncertain is a graph-paired selfcheck's score? Resample each case's paired replays (the same pair indices for
-candidate and yardstick, hot and flushed apart), recompute every case's speedup (min of the two regimes' median
-ratios) and the task's score (geomean per stratum, harmonic mean across strata), and print its percentiles.
+"""How uncertain is a graph-paired selfcheck's score? The keep rule's own bootstrap (agent.evaluate.bootstrap_scores:
+each case's paired replays redrawn, every case's speedup and the task's score recomputed), its percentiles, and the
+noise the keep rule holds a candidate to.
 
     .venv/bin/python reports/examples/llgemm-seed002/score_bootstrap.py merge_v97_versus_v71.json [--draws 2000]
 """
 import argparse
 import json
+import sys
+from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root: agent/
 
-
-def scores(report: dict, draws: int, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    logs: dict[str, list[np.ndarray]] = {}
-    for case in report["cases"]:
-        ratios = []
-        for regime in ("hot", "flushed"):
-            a = np.array(case[regime]["candidate_times_us"])
-            b = np.array(case[regime]["baseline_times_us"])
-            pick = rng.integers(0, len(a), size=(draws, len(a)))
-            ratios.append(np.median(b[pick], axis=1) / np.median(a[pick], axis=1))
-        logs.setdefault(case["case"]["stratum"], []).append(np.log(np.minimum(*ratios)))
-    strata = [np.exp(np.mean(v, axis=0)) for v in logs.values()]
-    return len(strata) / sum(1 / s for s in strata)
+from agent.evaluate import NOISE_FLOOR, bootstrap_scores, compare  # noqa: E402
 
 
 def main() -> None:
@@ -31,11 +20,15 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=2000)
     args = parser.parse_args()
     for path in args.reports:
-        report = json.load(open(path))
-        spreads = sorted(c["spread"] for c in report["cases"])
-        low, mid, high = np.quantile(scores(report, args.draws), [0.05, 0.5, 0.95])
+        report = json.loads(Path(path).read_text())
+        scores = bootstrap_scores(report["cases"], args.draws)
+        if scores is None:
+            sys.exit(f"{path}: not every case has its hot and flushed paired series")
+        low, mid, high = (scores[int(q * args.draws)] for q in (0.05, 0.5, 0.95))
+        verdict = compare(report)
         print(f"{path}: score {report['score']:.4f}; resampled 5% {low:.4f}, 50% {mid:.4f}, 95% {high:.4f}; "
-              f"median case spread (the keep rule's noise) {spreads[len(spreads) // 2]:.3f}")
+              f"the keep rule's noise {verdict['noise']:.4f} (floor {NOISE_FLOOR}): "
+              f"{'keep' if verdict['keep'] else 'revert'}")
 
 
 if __name__ == "__main__":
