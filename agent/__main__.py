@@ -297,22 +297,6 @@ def resumed_run(args: argparse.Namespace) -> tuple[Task, RunConfig, RunState, Wo
     return task, config, state, workspace
 
 
-def measure_start(run: Run) -> None:
-    """The start's own selfcheck: its score is the first best and its report the first profile. Written in an order
-    that a kill leaves either whole or to be made again: the state, then start_selfcheck.json, the mark a resumed run
-    goes by."""
-    run.display.line(f"measuring the start ({run.state.best_label}) on panel {Path(run.config.panel).name}")
-    stage = run.evaluator_tools.selfcheck(run.tools.candidate)
-    if stage.report and "cases" in stage.report:
-        run.state.best_score = stage.report.get("score")
-        run.limit_stages(stage.seconds)
-        (run.workspace.state_dir / "best_selfcheck.json").write_text(json.dumps(stage.report))
-    run.display.line(f"start: score {fmt(run.state.best_score)} ({stage.note})")
-    run.state.save(run.workspace.state_dir)
-    if stage.report and "cases" in stage.report:  # the start's stays for the report
-        (run.workspace.state_dir / "start_selfcheck.json").write_text(json.dumps(stage.report))
-
-
 def write_report(task: Task, run_id: str) -> None:
     try:
         written = report.write(task, run_id)
@@ -355,7 +339,9 @@ def run_session(args: argparse.Namespace) -> RunState:
                      f"worktree {workspace.path.relative_to(ROOT)}, branch {workspace.branch}")
     # a run stopped before its start was measured (before any attempt: its best is still the start) measures it now
     if fresh or (state.attempts == 0 and not (workspace.state_dir / "start_selfcheck.json").is_file()):
-        measure_start(run)
+        run.measure_best(start=True)
+    else:
+        run.remeasure = config.cuda
     try:
         run.run()
     finally:  # a report and the summary on every ending, Ctrl-C and failures included

@@ -37,6 +37,8 @@ class Run:
         self.tools = Tools(task, workspace.path, self.evaluator_tools)
         self.stop_reason: str | None = None
         self.session_start = time.monotonic()
+        # a resumed GPU run measures its best again before its first attempt (``measure_best``)
+        self.remeasure = False
         self.pool = make_pool(task, config, workspace.state_dir / "attempts")
 
     @property
@@ -54,6 +56,9 @@ class Run:
         step = (lambda: batch.step(self)) if self.pool else self.step
         try:
             self.recover()
+            if self.remeasure:
+                replace_solution(self.tools.candidate, self.best_dir)
+                self.measure_best(start=False)
             while True:
                 step()
         except LimitsExceeded as exc:
@@ -82,6 +87,33 @@ class Run:
             raise KeyboardInterrupt  # a second Ctrl-C aborts at once
         self.stop_reason = "interrupted (Ctrl-C)"
         self.display.notice("Ctrl-C: finishing and recording the current attempt, then stopping (Ctrl-C again aborts)")
+
+    def measure_best(self, start: bool) -> None:
+        """The best's selfcheck in the worktree (which holds it): its score is the best score and its report the
+        profile that candidates' estimates and the proposer read, and its time sets the stages' limits. Run for the
+        start of a run and again when a GPU run resumes: a resumed run may land on another host or another GPU model,
+        and only numbers measured in one sitting compare (the last sitting's stay in its attempts' records). Written
+        in an order that a kill leaves either whole or to be made again: the state, then start_selfcheck.json (the
+        start's only), the mark a resumed run goes by."""
+        what = "the start" if start else "the best again (a resumed GPU run)"
+        self.display.line(f"measuring {what} ({self.state.best_label}) on panel {Path(self.config.panel).name}")
+        stage = self.evaluator_tools.selfcheck(self.tools.candidate)
+        measured = bool(stage.report and "cases" in stage.report)
+        if measured:
+            self.state.best_score = stage.report.get("score")
+            self.limit_stages(stage.seconds)
+            (self.workspace.state_dir / "best_selfcheck.json").write_text(json.dumps(stage.report))
+            device = stage.report.get("device")
+            self.display.line(f"{'start' if start else 'best'}: score {fmt(self.state.best_score)} ({stage.note})"
+                              + (f" on {device}" if device and not start else ""))
+        elif start:
+            self.display.line(f"start: score {fmt(self.state.best_score)} ({stage.note})")
+        else:  # the last sitting's numbers are no reference here, and a best that fails here is no best to beat
+            raise LimitsExceeded(f"the best ({self.state.best_label}) failed its selfcheck on this machine "
+                                 f"({stage.note}); start a new run (--from a version that runs here)")
+        self.state.save(self.workspace.state_dir)
+        if start and measured:  # the start's stays for the report
+            (self.workspace.state_dir / "start_selfcheck.json").write_text(json.dumps(stage.report))
 
     def limit_stages(self, start_selfcheck_s: float) -> None:
         """The time limit of each stage of an attempt's evaluation follows the panel: a multiple of the start's own

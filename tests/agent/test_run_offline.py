@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import git
+import pytest
 import torch
 
 from agent.config import Task
@@ -122,7 +123,9 @@ def test_resume_after_sigkill(project: Path, panel: Path):
     stale.mkdir(exist_ok=True)
     (stale / "orphan.txt").write_text("written by a killed run's evaluator\n")
 
-    run_agent(project, "run", "--resume", state["run_id"])
+    resumed = run_agent(project, "run", "--resume", state["run_id"])
+    # the interpreter's timings compare nothing, so only a GPU run measures its best again on resuming
+    assert ("measuring the best again" in resumed.stdout) == torch.cuda.is_available(), resumed.stdout
     (state,) = runs(project)
     assert state["status"] == "finished" and state["attempts"] == 3
     assert [p.name for p in stale.iterdir()] == ["orphan.txt"], "the resumed run evaluated in a killed run's directory"
@@ -132,6 +135,24 @@ def test_resume_after_sigkill(project: Path, panel: Path):
     versions = [e["version"] for e in index(project)]
     assert len(versions) == len(set(versions)) >= 3
     assert [row.split(" | ")[0] for row in ledger_rows(project)] == ["| v0"] + [f"| {v}" for v in versions]
+
+
+@pytest.mark.gpu
+def test_a_resumed_gpu_run_measures_its_best_again(project: Path, panel: Path):
+    """A resumed run may sit on another host or GPU model than its last sitting: before its next attempt it times its
+    best again, and that report (the proposer's profile, the estimates' reference) replaces the last sitting's."""
+    run_agent(project, "run", "--iters", "1", "--backend", "offline", "--panel", str(panel))
+    (state,) = runs(project)
+    best = project / "workspace" / ".runs" / state["run_id"] / "best_selfcheck.json"
+    before = json.loads(best.read_text())
+    done = run_agent(project, "run", "--resume", state["run_id"], "--iters", "2")
+    assert f"measuring the best again (a resumed GPU run) ({state['best_label']})" in done.stdout, done.stdout
+    after = json.loads(best.read_text())
+    assert after["device"] == torch.cuda.get_device_name()
+    times = [c["times_us"] for c in before["cases"]], [c["times_us"] for c in after["cases"]]
+    assert times[0] != times[1], "best_selfcheck.json still holds the last sitting's timings"
+    (state,) = runs(project)
+    assert state["status"] == "finished" and state["attempts"] == 2
 
 
 def test_two_runs_at_once_never_share_a_version(project: Path, panel: Path):
