@@ -23,6 +23,12 @@ The timing follows the task's protocol (its manifest's ``timing``):
   replay keeps the host out of the timed region, so no host-bound probe runs: ``stable`` is True and says why.
   Without CUDA there are no graphs: the pairs run eagerly with the same record (interpreter wall times).
 
+Each case records the wall seconds of the phases it reached (``phase_s``: ``correctness`` in every regime, ``timing``,
+``after_timing``, for eager-groups ``host_probe``; for graph-paired, of ``timing``, the input refills and the
+outputs' checks: ``timing_refills``, ``timing_output_checks``) and the report the seconds before the first case
+(``setup_s``: the device, the copy bandwidth, loading the solution) and over the cases (``cases_s``): where an
+evaluation's time goes.
+
 Exit status 0 only when every case is correct. Without CUDA it runs CPU tensors under the Triton interpreter and
 says that its timings are not GPU timings.
 """
@@ -32,6 +38,7 @@ import argparse
 import json
 import math
 import sys
+import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -82,6 +89,7 @@ class CaseResult:
     hot: dict | None = None
     flushed: dict | None = None
     spread: float | None = None
+    phase_s: dict = field(default_factory=dict)  # wall seconds of each phase the case reached
 
 
 GRAPH_FIELDS = ("hot", "flushed", "spread")
@@ -155,6 +163,13 @@ def stability_summary(results: list[CaseResult]) -> dict:
             "unstable_cases": [r.case["name"] for r in unstable], "note": note}
 
 
+def phase(result: CaseResult, name: str, began: float) -> float:
+    """Record the wall seconds since ``began`` as the case's phase ``name``; the time it ended."""
+    now = time.perf_counter()
+    result.phase_s[name] = round(now - began, 4)
+    return now
+
+
 def check_mode(task: tasks.Task, module, case, mode: str, device, config: dict | None = None) -> tuple[dict, object]:
     """Build on ``mode`` inputs (with ``config`` overrides, for solutions that take them), one call, the oracle's
     verdict; the callable comes back for normal inputs."""
@@ -178,12 +193,13 @@ def evaluate_case(task: tasks.Task, module, baseline, case, device, plan: Timing
     result = CaseResult(case=kh.case_dict(case), bytes=adapter.bytes_moved(case))
     stage = "correctness"
     try:
-        fn = None
+        fn, began = None, time.perf_counter()
         for mode in adapter.MODES:
             stage = f"correctness ({mode})"
             result.checks[mode], built = check_mode(task, module, case, mode, device)
             fn = built or fn
         result.correct = all(check["ok"] for check in result.checks.values())
+        began = phase(result, "correctness", began)
         if not result.correct:
             return result
         stage = "timing"
@@ -194,16 +210,19 @@ def evaluate_case(task: tasks.Task, module, baseline, case, device, plan: Timing
         for _ in range(plan.groups):  # alternate groups so that drift hits both alike
             cand_times += kh.time_groups(fn, inputs, 1, plan.calls_per_group, plan.warmup if not cand_times else 0)
             base_times += kh.time_groups(base_fn, inputs, 1, plan.calls_per_group, plan.warmup if not base_times else 0)
+        began = phase(result, "timing", began)
         stage = "correctness (after timing)"  # a solution honest only for its first calls fails here
         after = adapter.make_inputs(case, 1, seed=9, device=device)[0]
         ref = adapter.reference(weights, after, case)
         result.checks["after_timing"] = adapter.check_output(fn(*after), ref, case).to_dict()
         result.correct = result.checks["after_timing"]["ok"]
+        began = phase(result, "after_timing", began)
         stage = "host cost and GPU time"
         if device.type == "cuda":  # as many distinct inputs as the verifier's pool (off CUDA nothing is probed)
             inputs = adapter.make_inputs(case, stability.PROBE_POOL, seed=2, device=device)
         found = stability.probe(fn, inputs, device)
         del inputs
+        phase(result, "host_probe", began)
         result.host_us, result.gpu_us, result.device_ratio = found["host_us"], found["gpu_us"], found["ratio"]
         result.stable, result.stable_note = stability.verdict(found["host_us"], found["gpu_us"],
                                                               unmeasured=found["note"])
@@ -227,21 +246,25 @@ def evaluate_paired(task: tasks.Task, module, baseline, case, device, copy_gbps:
     result = CaseResult(case=kh.case_dict(case), bytes=adapter.bytes_moved(case))
     stage = "correctness"
     try:
-        fn = None
+        fn, began = None, time.perf_counter()
         for mode in adapter.MODES:
             stage = f"correctness ({mode})"
             result.checks[mode], built = check_mode(task, module, case, mode, device)
             fn = built or fn
         result.correct = all(check["ok"] for check in result.checks.values())
+        began = phase(result, "correctness", began)
         if not result.correct:
             return result
         stage = "timing (graph-paired)"
         weights = adapter.generate(case, "normal", device).weights
-        found, result.checks["graph_outputs"] = time_paired(task, fn, baseline(weights, case), case, weights, device)
+        found, result.checks["graph_outputs"] = time_paired(task, fn, baseline(weights, case), case, weights, device,
+                                                            spent=result.phase_s)
+        began = phase(result, "timing", began)
         stage = "correctness (after timing)"  # a solution honest only for its first calls fails here
         after = adapter.make_inputs(case, 1, seed=9, device=device)[0]
         ref = adapter.reference(weights, after, case)
         result.checks["after_timing"] = adapter.check_output(fn(*after), ref, case).to_dict()
+        phase(result, "after_timing", began)
         result.correct = result.checks["after_timing"]["ok"] and result.checks["graph_outputs"]["ok"]
         hot, flushed = found["hot"], found["flushed"]
         result.hot, result.flushed = hot, flushed
@@ -260,36 +283,45 @@ def evaluate_paired(task: tasks.Task, module, baseline, case, device, copy_gbps:
     return result
 
 
-def time_paired(task: tasks.Task, fn, base_fn, case, weights: dict, device) -> tuple[dict, dict]:
+def time_paired(task: tasks.Task, fn, base_fn, case, weights: dict, device,
+                spent: dict | None = None) -> tuple[dict, dict]:
     """The candidate ``fn`` paired with ``base_fn`` (``graph_timing.paired``) on ``graph_plan``'s count of static
     call inputs, rewritten in place before pair p with the seeded draw PAIR_SEED + p; the candidate's outputs checked
     against the oracle (on that draw) where ``paired`` hands them over. Returns (paired's record, the check's record:
-    the first failing output's, else a passing one)."""
+    the first failing output's, else a passing one). ``spent``, where given, gets the wall seconds of the refills
+    (``timing_refills``) and of the outputs' checks (``timing_output_checks``), both outside the timed replays."""
     adapter = task.adapter
+    spent = {} if spent is None else spent
+    spent["timing_refills"] = spent["timing_output_checks"] = 0.0
     plan = graph_plan(device)
     static = adapter.make_inputs(case, plan.hot_calls, seed=1, device=device)
     drawn: list[tuple] = []
 
     def refill(pair: int) -> None:
+        began = time.perf_counter()
         drawn[:] = adapter.make_inputs(case, len(static), seed=PAIR_SEED + pair, device=device)
         for inputs, values in zip(static, drawn):
             for target, value in zip(inputs, values, strict=True):
                 if isinstance(target, torch.Tensor):
                     target.copy_(value)
+        spent["timing_refills"] += time.perf_counter() - began
 
     checked, failures = [], []
 
     def check(name: str, regime: str, pair: int, outputs: list) -> None:
         if name != "candidate":
             return
+        began = time.perf_counter()
         for j, out in enumerate(outputs):
             found = adapter.check_output(out, adapter.reference(weights, drawn[j % len(drawn)], case), case)
             checked.append(found)
             if not found.ok:
                 failures.append(found.to_dict() | {"message": f"{regime} graph output {j} after pair {pair}: "
                                                               f"{found.message}"})
+        spent["timing_output_checks"] += time.perf_counter() - began
 
     found = graph_timing.paired(fn, base_fn, static, refill, check, names=("candidate", "baseline"), plan=plan)
+    spent["timing_refills"], spent["timing_output_checks"] = round(spent["timing_refills"], 4), round(spent["timing_output_checks"], 4)
     verdict = failures[0] if failures else {
         "ok": True, "message": f"{len(checked)} graph outputs of fresh draws within the bound", "bad_elements": 0,
         "worst_excess": max((c.worst_excess for c in checked), default=0.0)}
@@ -304,6 +336,7 @@ def run(solution: Path, panel: str, baseline_dir: Path | None = None, log=print,
     ``progress(name)`` is told each case before it runs (the command line says it on stderr, so that a crash's last
     words name its case)."""
     task = task or tasks.load()
+    began = time.perf_counter()
     info = kh.select_device()  # before any solution imports triton
     log(info.message)
 
@@ -331,10 +364,12 @@ def run(solution: Path, panel: str, baseline_dir: Path | None = None, log=print,
     else:
         results = []
         log(header(task.adapter.MODES, task.graph_paired))
+        report["setup_s"] = round(time.perf_counter() - began, 3)
         for case in cases:
             progress(case.name)
             results.append(evaluate_case(task, module, baseline, case, info.device, plan, report["copy_gbps"]))
             log(format_row(results[-1], task.adapter.MODES, task.graph_paired))
+        report["cases_s"] = round(time.perf_counter() - began - report["setup_s"], 3)
     report["cases"] = [case_record(r, task) for r in results]
     report.update(summarize(results))
     return report

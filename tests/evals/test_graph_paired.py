@@ -83,6 +83,14 @@ def test_the_selfcheck_times_pairs_eagerly_on_cpu_with_the_protocols_record(grap
     for case in report["cases"]:
         check_paired_case(case, graph_timing.SMOKE)
         assert case["stable"] is None and case["host_us"] is None  # no graphs: nothing said of the host
+        # where the evaluation's time went: each phase, and of the timing the refills and the outputs' checks
+        spent = case["phase_s"]
+        assert set(spent) == {"correctness", "timing", "timing_refills", "timing_output_checks", "after_timing"}
+        assert all(v > 0 for v in spent.values()), spent
+        assert spent["timing_refills"] + spent["timing_output_checks"] < spent["timing"], spent
+    assert 0 < sum(sum(c["phase_s"][k] for k in ("correctness", "timing", "after_timing"))
+                   for c in report["cases"]) <= report["cases_s"]
+    assert report["setup_s"] > 0
     header = next(line for line in done.stdout.splitlines() if line.startswith("case"))
     assert "hot_x" in header and "flush_x" in header and "host_us" not in header
 
@@ -103,6 +111,7 @@ def test_an_eager_groups_report_keeps_its_fields(tmp_path):
     report = json.loads(out.read_text())
     assert done.returncode == 0 and set(report["timing"]) == {"groups", "calls_per_group", "warmup", "distinct_inputs"}
     assert not {"hot", "flushed", "spread"} & set(report["cases"][0])
+    assert set(report["cases"][0]["phase_s"]) == {"correctness", "timing", "after_timing", "host_probe"}
     assert "host_us" in next(line for line in done.stdout.splitlines() if line.startswith("case"))
 
 
