@@ -57,6 +57,7 @@ class Run:
         try:
             self.recover()
             if self.remeasure:
+                self.check_limits()  # a finished run resumed without new iterations measures nothing
                 replace_solution(self.tools.candidate, self.best_dir)
                 self.measure_best(start=False)
             while True:
@@ -99,6 +100,12 @@ class Run:
         self.display.line(f"measuring {what} ({self.state.best_label}) on panel {Path(self.config.panel).name}")
         stage = self.evaluator_tools.selfcheck(self.tools.candidate)
         measured = bool(stage.report and "cases" in stage.report)
+        if not start and (not stage.ok or not measured or stage.report.get("interpreted")):
+            # the last sitting's numbers are no reference here, and a best that fails here is no best to beat
+            why = "no GPU here: the interpreter's times would replace the GPU's" \
+                if measured and stage.ok else stage.note
+            raise LimitsExceeded(f"the best ({self.state.best_label}) could not be measured again on this machine "
+                                 f"({why}); start a new run here (--from a version that runs here)")
         if measured:
             self.state.best_score = stage.report.get("score")
             self.limit_stages(stage.seconds)
@@ -106,11 +113,8 @@ class Run:
             device = stage.report.get("device")
             self.display.line(f"{'start' if start else 'best'}: score {fmt(self.state.best_score)} ({stage.note})"
                               + (f" on {device}" if device and not start else ""))
-        elif start:
+        else:
             self.display.line(f"start: score {fmt(self.state.best_score)} ({stage.note})")
-        else:  # the last sitting's numbers are no reference here, and a best that fails here is no best to beat
-            raise LimitsExceeded(f"the best ({self.state.best_label}) failed its selfcheck on this machine "
-                                 f"({stage.note}); start a new run (--from a version that runs here)")
         self.state.save(self.workspace.state_dir)
         if start and measured:  # the start's stays for the report
             (self.workspace.state_dir / "start_selfcheck.json").write_text(json.dumps(stage.report))

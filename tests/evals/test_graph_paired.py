@@ -86,10 +86,10 @@ def test_the_selfcheck_times_pairs_eagerly_on_cpu_with_the_protocols_record(grap
         # where the evaluation's time went: each phase, and of the timing the refills and the outputs' checks
         spent = case["phase_s"]
         assert set(spent) == {"correctness", "timing", "timing_refills", "timing_output_checks", "after_timing"}
-        assert all(v > 0 for v in spent.values()), spent
-        assert spent["timing_refills"] + spent["timing_output_checks"] < spent["timing"], spent
-    assert 0 < sum(sum(c["phase_s"][k] for k in ("correctness", "timing", "after_timing"))
-                   for c in report["cases"]) <= report["cases_s"]
+        assert all(spent[k] > 0 for k in ("correctness", "timing", "after_timing")), spent
+        assert 0 <= spent["timing_refills"] + spent["timing_output_checks"] < spent["timing"], spent
+    phases = sum(sum(c["phase_s"][k] for k in ("correctness", "timing", "after_timing")) for c in report["cases"])
+    assert 0 < phases <= report["cases_s"] + 1e-5  # each figure rounded to the microsecond
     assert report["setup_s"] > 0
     header = next(line for line in done.stdout.splitlines() if line.startswith("case"))
     assert "hot_x" in header and "flush_x" in header and "host_us" not in header
