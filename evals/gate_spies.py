@@ -33,7 +33,6 @@ _M_MMAP_THRESHOLD, _M_PERTURB = -3, -6  # glibc mallopt parameters
 _MMAP_THRESHOLD_MAX = 32 << 20  # glibc's ceiling on 64-bit; blocks below it come from the heap, where the fill applies
 VALIDATE_CHUNK = 64  # outputs compared against the oracle at once (bounds fp64 scratch)
 EVIDENCE_CAP = 8
-REFERENCE_CHUNK = 64  # pool inputs per oracle pass (bounds its fp64 scratch)
 DTYPE_LABELS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
 DEFAULT_BOUND = "the reference's bound"  # what a batch's failures are said to be outside, unless the adapter's BOUND
 _SAME_WIDTH_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -305,19 +304,6 @@ def changed_inputs(names: list[str], guarded: dict, versions: dict, clones: dict
         elif not same_values(tensor, clones[name]):
             problems.append(f"{name} changed values")
     return problems
-
-
-def references(task, case, weights: dict, pool: list) -> list:
-    """The oracle for each call input of ``pool``: the adapter's batched ``references(weights, inputs, case)`` over
-    chunks of REFERENCE_CHUNK where it has one (one pass per chunk), else its ``reference`` per input."""
-    adapter = task.adapter
-    batched = getattr(adapter, "references", None)
-    refs = []
-    for start in range(0, len(pool), REFERENCE_CHUNK):
-        chunk = pool[start:start + REFERENCE_CHUNK]
-        refs += (batched(weights, chunk, case) if batched is not None
-                 else [adapter.reference(weights, inputs, case) for inputs in chunk])
-    return refs
 
 
 # ----------------------------------------------------------------------------------------------------- timing

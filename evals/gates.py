@@ -62,7 +62,7 @@ from evals import graph_timing, residency, stability
 from evals import kernel_harness as kh
 from evals import task as tasks
 from evals.gate_spies import (EVIDENCE_CAP, GateBook, Spies, bound_name, changed_inputs, dtype_label, heat,
-                              isolate_timing_thread, overlaps, pin_to_one_core, poisoned_allocations, references,
+                              isolate_timing_thread, overlaps, pin_to_one_core, poisoned_allocations,
                               same_values, structure_problem, tamper_snapshot, unwritten, validate, write_unversioned)
 from evals.loader import load_solution, unload_solution
 from evals.selfcheck import CANDIDATE_ERRORS, error_record
@@ -206,7 +206,7 @@ class Role:
             problem = adapter.generate(case, mode, device)
             self.regimes[mode] = (problem, adapter.reference(problem.weights, problem.inputs, case))
         self.pool = adapter.make_inputs(case, self.pool_size(), seed=POOL_SEED, device=device)
-        self.refs = references(self.task, case, self.weights, self.pool)
+        self.refs = self.task.references(self.weights, self.pool, case)
         self.guarded = {name: t for name, t in self.weights.items() if isinstance(t, torch.Tensor)}
         for mode, (problem, _) in self.regimes.items():
             self.guarded |= {f"{mode} {name}": t for name, t in problem.weights.items() if isinstance(t, torch.Tensor)}
@@ -414,7 +414,7 @@ class Role:
         self.record["times_us"] = times
         self.record["median_us"] = median = kh.median(times)
         per = s.calls_per_group  # each group's inputs drawn again from their seed: the oracle of one group at a time
-        groups = ((g * per, (g + 1) * per, references(self.task, self.case, self.weights, self.group_inputs(g)))
+        groups = ((g * per, (g + 1) * per, self.task.references(self.weights, self.group_inputs(g), self.case))
                   for g in range(s.groups))
         self.validate_phase("timed", timed, groups)
         del timed
@@ -459,7 +459,7 @@ class Role:
         pair's draw, and their storage against the inputs' and each other's."""
         if name != "candidate":
             return
-        refs = references(self.task, self.case, self.weight_clones, self.group_inputs(pair))
+        refs = self.task.references(self.weight_clones, self.group_inputs(pair), self.case)
         indices = [j % len(self.pool) for j in range(len(outputs))]
         bad, messages = validate(outputs, indices, refs, self.task, self.case, self.device)
         label = f"{len(outputs)} {regime} graph outputs after pair {pair}"

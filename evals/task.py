@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TASKS_DIR = ROOT / "tasks"
 DEFAULT_TASK = "w4a16"
 GRAPH_PAIRED = "graph-paired"
+REFERENCE_CHUNK = 64  # call inputs per batched oracle pass (bounds its fp64 scratch)
 # the timing protocols this evaluator implements (a manifest's "timing"); another protocol needs its timer here first
 TIMING_PROTOCOLS = {
     "eager-groups": "the verifier's groups of eager calls, three roles per case (tasks/w4a16/spec.md's schedule)",
@@ -126,6 +127,18 @@ class Task:
     def build_baseline(self, weights: dict, case):
         """The callable baseline's function for these weights (a task whose baseline is a version loads it instead)."""
         return self.adapter.baseline(weights, case)
+
+    def references(self, weights: dict, pool: list, case) -> list:
+        """The oracle for each call input of ``pool``: the adapter's batched ``references(weights, inputs, case)`` over
+        chunks of REFERENCE_CHUNK where it has one (one pass over the weights per chunk), else its ``reference`` per
+        input."""
+        batched = getattr(self.adapter, "references", None)
+        refs = []
+        for start in range(0, len(pool), REFERENCE_CHUNK):
+            chunk = pool[start:start + REFERENCE_CHUNK]
+            refs += (batched(weights, chunk, case) if batched is not None
+                     else [self.adapter.reference(weights, inputs, case) for inputs in chunk])
+        return refs
 
     def cases(self, panel: str | os.PathLike) -> list:
         """A panel's cases, by name (visible, smoke) or a JSON file path; a malformed panel raises ValueError."""

@@ -258,6 +258,20 @@ def test_batched_oracle_agrees_with_the_single_one():
     assert ll.outside_bound(outs, refs[0], case) == sum(not ll.check_output(o, refs[0], case).ok for o in outs) == 2
 
 
+def test_the_chunked_oracle_is_the_whole_fp64_product_and_leaves_w_alone(monkeypatch):
+    case = SMOKE[3]  # N = 33: chunks of 4 rows leave a short last one
+    monkeypatch.setattr(ll, "ORACLE_CHUNK", 4 * case.k)
+    weights = ll.generate(case, "cancel").weights
+    w, (x,) = weights["weight"], ll.make_inputs(case, 1, seed=3)[0]
+    before = w.clone()
+    y, a = ll._dots_f64(x, w)
+    assert torch.equal(w, before)
+    close = dict(rtol=1e-12, atol=1e-300)
+    assert torch.allclose(y, x.double() @ w.double().T, **close)
+    assert torch.allclose(a, x.double().abs() @ w.double().abs().T, **close)
+    assert (a > 100 * y.abs()).any()  # the cancel regime: the absolute sums stand far above the result
+
+
 def test_baseline_is_torch_linear_on_the_weight():
     case = SMOKE[1]
     p = ll.generate(case, "normal")
