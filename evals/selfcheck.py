@@ -314,11 +314,10 @@ def time_paired(task: tasks.Task, fn, base_fn, case, weights: dict, device,
         if name != "candidate":
             return
         began = time.perf_counter()
-        # one oracle pass for all of a pair's outputs where the adapter has a batched one (a hot pair's 8 outputs
-        # share one read of W, not 8)
+        # a pair's outputs at once where the adapter has batched forms: one oracle pass (a hot pair's 8 outputs share
+        # one read of W, not 8) and one comparison
         refs = task.references(weights, [drawn[j % len(drawn)] for j in range(len(outputs))], case)
-        for j, (out, ref) in enumerate(zip(outputs, refs, strict=True)):
-            found = adapter.check_output(out, ref, case)
+        for j, found in enumerate(task.check_outputs(outputs, refs, case)):
             checked.append(found)
             if not found.ok:
                 failures.append(found.to_dict() | {"message": f"{regime} graph output {j} after pair {pair}: "

@@ -22,6 +22,7 @@ The adapter's interface (``tasks/w4a16/adapter.py`` is the full example, ``tests
                                   whose ``audit(point, new)`` returns the violations of a checkpoint (each made by
                                   evals.residency.over_limit); optionally ``account(point, new)`` (the task's own
                                   figures of a checkpoint) and ``quoted`` (the figures its evidence shows)
+    check_outputs(outs, refs, case)   (optional) check_output of each output against its reference, at once
     references(weights, inputs, case), outside_bound(outs, ref, case)   (optional) a batched oracle and a count of
                                   outputs outside the bound, for the verifier's many calls; BOUND names the bound in
                                   evidence; PER_STRATUM_MIN = (n, why): the fewest sealed cases per stratum
@@ -139,6 +140,14 @@ class Task:
             refs += (batched(weights, chunk, case) if batched is not None
                      else [self.adapter.reference(weights, inputs, case) for inputs in chunk])
         return refs
+
+    def check_outputs(self, outs: list, refs: list, case) -> list:
+        """``check_output`` of each of ``outs`` against its ``refs``: the adapter's batched ``check_outputs`` where it
+        has one, else one by one."""
+        batched = getattr(self.adapter, "check_outputs", None)
+        if batched is not None:
+            return batched(outs, refs, case)
+        return [self.adapter.check_output(out, ref, case) for out, ref in zip(outs, refs, strict=True)]
 
     def cases(self, panel: str | os.PathLike) -> list:
         """A panel's cases, by name (visible, smoke) or a JSON file path; a malformed panel raises ValueError."""

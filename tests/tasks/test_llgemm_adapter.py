@@ -258,6 +258,24 @@ def test_batched_oracle_agrees_with_the_single_one():
     assert ll.outside_bound(outs, refs[0], case) == sum(not ll.check_output(o, refs[0], case).ok for o in outs) == 2
 
 
+def test_checking_outputs_at_once_gives_each_outputs_own_result():
+    case = SMOKE[6]
+    weights = ll.generate(case, "cancel").weights
+    w = weights["weight"]
+    inputs = ll.make_inputs(case, 4, seed=11)
+    refs = ll.references(weights, inputs, case)
+    nan = fp32_dense(w, inputs[2][0])
+    nan[3, 5] = float("nan")
+    outs = [fp32_dense(w, inputs[0][0]), bf16_sequential(w, inputs[1][0]), nan, fp32_dense(w, inputs[3][0]).float(),
+            fp32_split_k_atomics(w, inputs[0][0])]
+    refs.append(refs[0])
+    at_once = ll.check_outputs(outs, refs, case)
+    one_by_one = [ll.check_output(out, ref, case) for out, ref in zip(outs, refs)]
+    assert [r.ok for r in at_once] == [True, False, False, False, True]
+    assert [r.to_dict() for r in at_once] == [r.to_dict() for r in one_by_one]
+    assert TASK.check_outputs(outs, refs, case) == at_once
+
+
 def test_the_chunked_oracle_is_the_whole_fp64_product_and_leaves_w_alone(monkeypatch):
     case = SMOKE[3]  # N = 33: chunks of 4 rows leave a short last one
     monkeypatch.setattr(ll, "ORACLE_CHUNK", 4 * case.k)
