@@ -54,6 +54,9 @@ from evals.loader import load_solution, resolve_solution_dir
 CANDIDATE_ERRORS = (Exception, SystemExit, GeneratorExit)
 
 
+CHECK_BATCH = 64  # graph outputs kept, then checked at once (why: reports/examples/llgemm-seed002/README.md)
+
+
 @dataclass
 class TimingPlan:
     groups: int
@@ -286,9 +289,10 @@ def evaluate_paired(task: tasks.Task, module, baseline, case, device, copy_gbps:
 def time_paired(task: tasks.Task, fn, base_fn, case, weights: dict, device,
                 spent: dict | None = None) -> tuple[dict, dict]:
     """The candidate ``fn`` paired with ``base_fn`` (``graph_timing.paired``) on ``graph_plan``'s count of static
-    call inputs, rewritten in place before pair p with the seeded draw PAIR_SEED + p; the candidate's outputs checked
-    against the oracle (on that draw) where ``paired`` hands them over. Returns (paired's record, the check's record:
-    the first failing output's, else a passing one). ``spent``, where given, gets the host's wall seconds in the
+    call inputs, rewritten in place before pair p with the seeded draw PAIR_SEED + p; the candidate's outputs, where
+    ``paired`` hands them over, kept and checked against the oracle (on that draw) in batches of CHECK_BATCH, all of
+    them before it returns. Returns (paired's record, the check's record: the first failing output's, else a passing
+    one). ``spent``, where given, gets the host's wall seconds in the
     refills (``timing_refills``) and in the outputs' checks (``timing_output_checks``), both outside the timed
     replays; on CUDA the refills' kernels run asynchronously (their GPU time falls in the next wait) and the checks'
     time includes waiting for the oracle."""
@@ -309,23 +313,39 @@ def time_paired(task: tasks.Task, fn, base_fn, case, weights: dict, device,
         spent["timing_refills"] += time.perf_counter() - began
 
     checked, failures = [], []
+    pending: list[tuple[str, int, int, object, tuple]] = []  # (regime, pair, output index, the output, its inputs)
+
+    def settle() -> None:
+        """Compare the pending outputs with the oracle at once (one oracle pass and one comparison a batch where the
+        adapter has batched forms: the host's cost of a check is mostly per call, not per output)."""
+        began = time.perf_counter()
+        refs = task.references(weights, [inputs for *_, inputs in pending], case)
+        for (regime, pair, j, _, _), found in zip(pending, task.check_outputs([p[3] for p in pending], refs, case),
+                                                  strict=True):
+            checked.append(found)
+            if not found.ok:
+                failures.append(found.to_dict() | {"message": f"{regime} graph output {j} after pair {pair}: "
+                                                              f"{found.message}"})
+        pending.clear()
+        spent["timing_output_checks"] += time.perf_counter() - began
 
     def check(name: str, regime: str, pair: int, outputs: list) -> None:
         if name != "candidate":
             return
         began = time.perf_counter()
-        # a pair's outputs at once where the adapter has batched forms: one oracle pass (a hot pair's 8 outputs share
-        # one read of W, not 8) and one comparison
-        refs = task.references(weights, [drawn[j % len(drawn)] for j in range(len(outputs))], case)
-        for j, found in enumerate(task.check_outputs(outputs, refs, case)):
-            checked.append(found)
-            if not found.ok:
-                failures.append(found.to_dict() | {"message": f"{regime} graph output {j} after pair {pair}: "
-                                                              f"{found.message}"})
+        for j, out in enumerate(outputs):
+            # the graph rewrites its outputs in the next pair: a plain contiguous tensor is kept as a copy (same
+            # structure), anything else as itself (its structural fault is what the check reports)
+            kept = out.clone() if type(out) is torch.Tensor and out.is_contiguous() else out
+            pending.append((regime, pair, j, kept, drawn[j % len(drawn)]))
         spent["timing_output_checks"] += time.perf_counter() - began
+        if len(pending) >= CHECK_BATCH:
+            settle()
 
     try:
         found = graph_timing.paired(fn, base_fn, static, refill, check, names=("candidate", "baseline"), plan=plan)
+        if pending:
+            settle()
     finally:
         for name in ("timing_refills", "timing_output_checks"):
             spent[name] = round(spent[name], 6)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from evals import bench, gate_spies, gates, graph_timing, verifier
+from evals import bench, gate_spies, gates, graph_timing, selfcheck, verifier
 from evals import task as tasks
 from evals.stability import DISPERSION_LIMIT
 from tests.conftest import ROOT
@@ -102,6 +102,47 @@ def test_the_selfcheck_times_pairs_eagerly_on_cpu_with_the_protocols_record(grap
     assert done.returncode == 0 and report["baseline"] == str(graph_task / "versions" / "v0"), done.stderr
     for case in report["cases"]:
         check_paired_case(case, graph_timing.SMOKE)
+
+
+@pytest.mark.parametrize("batch", [64, 4])
+def test_every_graph_output_is_kept_and_checked_before_the_timing_returns(monkeypatch, batch):
+    """time_paired keeps the candidate's outputs of each pair and checks them in batches: all of them, the last partial
+    batch too; a wrong output is named by its regime and pair, and a non-contiguous one by its structural fault."""
+    monkeypatch.setattr(selfcheck, "CHECK_BATCH", batch)
+    task = tasks.load("llgemm")
+    case = task.cases("smoke")[2]
+    cpu = torch.device("cpu")
+    weights = task.adapter.generate(case, "normal", cpu).weights
+    plan = selfcheck.graph_plan(cpu)
+
+    def linear(x):
+        return torch.nn.functional.linear(x.float(), weights["weight"].float()).bfloat16()
+
+    calls = []
+
+    def counted(x):
+        calls.append(1)
+        return linear(x)
+
+    _, verdict = selfcheck.time_paired(task, counted, linear, case, weights, cpu)
+    outputs = plan.hot_pairs * plan.hot_calls + plan.flushed_pairs
+    assert verdict["ok"] and verdict["message"].startswith(f"{outputs} graph outputs"), verdict
+    last = len(calls)
+
+    def wrong_last(x):  # right but for its very last call: the last flushed pair's, in the last (partial) batch
+        calls.append(1)
+        return linear(x) if len(calls) < 2 * last else torch.zeros((case.m, case.n), dtype=torch.bfloat16)
+
+    _, verdict = selfcheck.time_paired(task, wrong_last, linear, case, weights, cpu)
+    last_pair = plan.hot_pairs + plan.flushed_pairs - 1
+    assert not verdict["ok"], verdict
+    assert verdict["message"].startswith(f"flushed graph output 0 after pair {last_pair}: "), verdict
+
+    def transposed(x):
+        return linear(x).t().contiguous().t()
+
+    _, verdict = selfcheck.time_paired(task, transposed, linear, case, weights, cpu)
+    assert not verdict["ok"] and "hot graph output 0 after pair 0: output must be contiguous" in verdict["message"]
 
 
 def test_an_eager_groups_report_keeps_its_fields(tmp_path):
