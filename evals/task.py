@@ -22,9 +22,10 @@ The adapter's interface (``tasks/w4a16/adapter.py`` is the full example, ``tests
                                   whose ``audit(point, new)`` returns the violations of a checkpoint (each made by
                                   evals.residency.over_limit); optionally ``account(point, new)`` (the task's own
                                   figures of a checkpoint) and ``quoted`` (the figures its evidence shows)
-    check_outputs(outs, refs, case)   (optional) check_output of each output against its reference, at once
-    references(weights, inputs, case), outside_bound(outs, ref, case)   (optional) a batched oracle and a count of
-                                  outputs outside the bound, for the verifier's many calls; BOUND names the bound in
+    references(weights, inputs, case), outside_bound(outs, ref, case), check_outputs(outs, refs, case)   (optional)
+                                  a batched oracle, a count of one input's outputs outside the bound, and each
+                                  output's check_output result (equal to it) at once, for the verifier's many calls
+                                  and the graph-paired timing's checks; BOUND names the bound in
                                   evidence; PER_STRATUM_MIN = (n, why): the fewest sealed cases per stratum
     baseline(weights, case)       (only for a callable baseline) the yardstick's callable for those weights
     PEERS                         (optional) {name: (builder(weights, case) -> callable, note)}: what make bench sets

@@ -106,8 +106,9 @@ def test_the_selfcheck_times_pairs_eagerly_on_cpu_with_the_protocols_record(grap
 
 @pytest.mark.parametrize("batch", [64, 4])
 def test_every_graph_output_is_kept_and_checked_before_the_timing_returns(monkeypatch, batch):
-    """time_paired keeps the candidate's outputs of each pair and checks them in batches: all of them, the last partial
-    batch too; a wrong output is named by its regime and pair, and a non-contiguous one by its structural fault."""
+    """time_paired keeps a copy of the candidate's outputs of each pair and checks them in batches, never inside the hot
+    regime: all of them, the last partial batch too; a wrong output is named by its regime and pair, a non-contiguous
+    one by its structural fault, and a callable that reuses its output buffers (as a graph does) passes."""
     monkeypatch.setattr(selfcheck, "CHECK_BATCH", batch)
     task = tasks.load("llgemm")
     case = task.cases("smoke")[2]
@@ -124,14 +125,31 @@ def test_every_graph_output_is_kept_and_checked_before_the_timing_returns(monkey
         calls.append(1)
         return linear(x)
 
+    settled_at = []  # the candidate's calls so far at each batch's check
+    check_outputs = task.check_outputs
+    monkeypatch.setattr(task, "check_outputs", lambda *args: settled_at.append(len(calls)) or check_outputs(*args))
     _, verdict = selfcheck.time_paired(task, counted, linear, case, weights, cpu)
     outputs = plan.hot_pairs * plan.hot_calls + plan.flushed_pairs
     assert verdict["ok"] and verdict["message"].startswith(f"{outputs} graph outputs"), verdict
     last = len(calls)
+    first_flushed = last - plan.flushed_pairs + 1  # the calls made once the first flushed pair has run
+    assert settled_at[0] == (first_flushed if batch <= outputs else last) and settled_at[-1] == last, settled_at
+    monkeypatch.setattr(task, "check_outputs", check_outputs)
+
+    ring = [torch.empty((case.m, case.n), dtype=torch.bfloat16) for _ in range(plan.hot_calls)]
+
+    def reused(x):  # writes its buffers in turn, as a graph's static outputs are rewritten by its next replay
+        calls.append(1)
+        return ring[len(calls) % len(ring)].copy_(linear(x))
+
+    _, verdict = selfcheck.time_paired(task, reused, linear, case, weights, cpu)
+    assert verdict["ok"] and verdict["message"].startswith(f"{outputs} graph outputs"), verdict
+
+    calls.clear()
 
     def wrong_last(x):  # right but for its very last call: the last flushed pair's, in the last (partial) batch
         calls.append(1)
-        return linear(x) if len(calls) < 2 * last else torch.zeros((case.m, case.n), dtype=torch.bfloat16)
+        return linear(x) if len(calls) < last else torch.zeros((case.m, case.n), dtype=torch.bfloat16)
 
     _, verdict = selfcheck.time_paired(task, wrong_last, linear, case, weights, cpu)
     last_pair = plan.hot_pairs + plan.flushed_pairs - 1

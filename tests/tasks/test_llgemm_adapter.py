@@ -281,9 +281,9 @@ def test_the_chunked_oracle_is_the_whole_fp64_product_and_leaves_w_alone(monkeyp
     monkeypatch.setattr(ll, "ORACLE_CHUNK", 4 * case.k)
     weights = ll.generate(case, "cancel").weights
     w, (x,) = weights["weight"], ll.make_inputs(case, 1, seed=3)[0]
-    before = w.clone()
     y, a = ll._dots_f64(x, w)
-    assert torch.equal(w, before)
+    w64 = w.double()  # an fp64 weight: its chunks need no conversion, and the absolute values must not land in it
+    assert torch.equal(ll._dots_f64(x, w64)[1], a) and torch.equal(w64, w.double())
     close = dict(rtol=1e-12, atol=1e-300)
     assert torch.allclose(y, x.double() @ w.double().T, **close)
     assert torch.allclose(a, x.double().abs() @ w.double().abs().T, **close)
