@@ -29,6 +29,9 @@ numbers = json.loads((Path(args[args.index('--solution') + 1]) / 'numbers.json')
 part = numbers['versus_best' if '--baseline' in args else 'versus_v0']
 cases = [{'case': {'name': f'c{i}', 'stratum': stratum}, 'correct': True, 'speedup': s, 'times_us': [10.0, 10.05],
           'median_us': 10.0} for i, (stratum, s) in enumerate(part['speedups'])]
+for case in cases if 'paired' in part else []:  # the graph-paired records: each regime's ratio over the baseline
+    for regime, r in zip(('hot', 'flushed'), part['paired']):
+        case[regime] = {'candidate_times_us': [10.0] * 3, 'baseline_times_us': [10.0 * r] * 3, 'ratio': r}
 report = {'cases': cases, 'score': part['score'], 'all_correct': True, 'strata': part.get('strata', {})}
 Path(args[args.index('--json') + 1]).write_text(json.dumps(report))
 """
@@ -68,17 +71,19 @@ def test_a_case_without_paired_series_brings_its_own_spread_as_its_noise():
     assert compare(mixed)["versus_best"] == {"c0": 1.03, "c1": 1.03, "c2": 1.03}
 
 
-def paired_report(gain: float, jitter: float, seed: int = 1) -> dict:
+def paired_report(gain: float, jitter: float, seed: int = 1, flushed_gain: float | None = None) -> dict:
     """Six cases in two strata, each with 21 hot and 101 flushed replays: the baseline ``gain`` times slower than the
-    candidate, each replay's times off by up to ``jitter`` (uniform), the score formed as the selfcheck forms it."""
+    candidate (``flushed_gain`` times in the flushed regime, where given), each replay's times off by up to
+    ``jitter`` (uniform), the score formed as the selfcheck forms it."""
     rng = random.Random(seed)
     cases, strata = [], {}
     for i in range(6):
         case = {"case": {"name": f"p{i}", "stratum": ("m1", "m16")[i % 2]}, "spread": 0.03}
         for regime, pairs in (("hot", 21), ("flushed", 101)):
             base = 5.0 + i
+            ratio = flushed_gain if regime == "flushed" and flushed_gain is not None else gain
             candidate = [base * (1 + rng.uniform(-jitter, jitter)) for _ in range(pairs)]
-            baseline = [base * gain * (1 + rng.uniform(-jitter, jitter)) for _ in range(pairs)]
+            baseline = [base * ratio * (1 + rng.uniform(-jitter, jitter)) for _ in range(pairs)]
             case[regime] = {"candidate_times_us": candidate, "baseline_times_us": baseline,
                             "ratio": statistics.median(baseline) / statistics.median(candidate)}
         case["speedup"] = min(case["hot"]["ratio"], case["flushed"]["ratio"])
@@ -109,6 +114,36 @@ def test_a_graph_paired_comparison_is_held_to_its_scores_bootstrap_noise_at_leas
     assert abs(compare(partial)["noise"] - 0.03) < 1e-9 and not compare(partial)["keep"]
 
 
+def best_check(hot: float, flushed: float, names: list[str]) -> dict:
+    """The best's own selfcheck report as far as the comparison reads it: each case's ratio over the yardstick in
+    both regimes."""
+    return {"cases": [{"case": {"name": name}, "hot": {"ratio": hot}, "flushed": {"ratio": flushed}}
+                      for name in names]}
+
+
+def test_a_paired_comparison_counts_the_regime_that_binds_the_bests_score():
+    """The task scores a case at its smaller regime ratio over the yardstick. The best's ratios there (1.3 hot, 1.1
+    flushed: the flushed regime binds) say which of the candidate's gains counts: 4% in the flushed regime alone is a
+    4% gain of the task's score (kept), where the smaller of the two ratios over the best reads no gain; 4% in the
+    hot regime alone moves the score by nothing (not kept). Without the best's ratios for every case the comparison
+    is the smaller of the two ratios over the best, as the report scores it."""
+    names = [f"p{i}" for i in range(6)]
+    flushed_only = paired_report(1.0, 0.005, flushed_gain=1.04)
+    assert flushed_only["score"] == pytest.approx(1.0, abs=0.005)
+    judged = compare(flushed_only, best_check(1.3, 1.1, names))
+    assert judged["keep"] and judged["speedup_over_best"] == pytest.approx(1.04, abs=0.005), judged
+    assert judged["versus_best"]["p0"] == pytest.approx(1.04, abs=0.005)
+    assert "implied by the best's own ratios" in judged["compare_note"]
+    hot_only = compare(paired_report(1.04, 0.005, flushed_gain=1.0), best_check(1.3, 1.1, names))
+    assert not hot_only["keep"] and hot_only["speedup_over_best"] == pytest.approx(1.0, abs=0.005), hot_only
+    # the hot regime binds instead (1.1 hot, 1.3 flushed): now the hot gain counts
+    assert compare(paired_report(1.04, 0.005, flushed_gain=1.0), best_check(1.1, 1.3, names))["keep"]
+    for partial in (best_check(1.3, 1.1, names[1:]), None, {"cases": [{"case": {"name": "p0"}, "hot": {}}]}):
+        fallback = compare(flushed_only, partial)
+        assert fallback["speedup_over_best"] == flushed_only["score"] and not fallback["keep"], fallback
+        assert "implied" not in fallback["compare_note"]
+
+
 def evaluator(tmp_path: Path, cuda: bool = True) -> Evaluator:
     task = Task.load(Path(__file__).resolve().parents[2])
     task = dataclasses.replace(task, policy_cmd=("-c", PASS), selfcheck_cmd=("-c", SELFCHECK), gates_cmd=("-c", PASS),
@@ -118,14 +153,18 @@ def evaluator(tmp_path: Path, cuda: bool = True) -> Evaluator:
     return Evaluator(task, "smoke", cuda, tmp_path / "work")
 
 
-def solution(tmp_path: Path, name: str, versus_v0: float, versus_best: float) -> Path:
+def solution(tmp_path: Path, name: str, versus_v0: float, versus_best: float,
+             paired: tuple[float, float] | None = None) -> Path:
+    """A stand-in solution's numbers; ``paired``, where given, the (hot, flushed) ratios of its graph-paired timing
+    against the best."""
     directory = tmp_path / name
     directory.mkdir()
     (directory / "solution.py").write_text("def build(qweight, scales, bias, epilogue):\n    pass\n")
     speedups = [("balanced", versus_v0), ("expert-batch", versus_v0)]
+    against_best = {"score": versus_best, "speedups": [(s, versus_best) for s, _ in speedups]}
     (directory / "numbers.json").write_text(json.dumps({
         "versus_v0": {"score": versus_v0, "speedups": speedups},
-        "versus_best": {"score": versus_best, "speedups": [(s, versus_best) for s, _ in speedups]}}))
+        "versus_best": against_best | ({"paired": paired} if paired else {})}))
     return directory
 
 
@@ -161,6 +200,20 @@ def test_a_close_candidate_is_timed_against_the_best_and_a_keeper_gets_residency
     lost = solution(tmp_path, "lost", 0.5, 0.9)
     verdict = evaluator(tmp_path).evaluate(lost, best, best_is_baseline=False, full_check=False, best_score=None)
     assert [s["name"] for s in verdict["stages"]] == ["policy", "selfcheck", "versus_best"] and not verdict["keep"]
+
+
+def test_the_loop_judges_a_paired_timing_against_the_bests_own_report(tmp_path: Path):
+    """The evaluator hands the best's selfcheck report (``best_check``) to the comparison: timed against the best at
+    1.00 hot and 1.04 flushed, a candidate gains 4% where the best's flushed ratio binds (kept), nothing where its
+    hot ratio does (not kept)."""
+    best = solution(tmp_path, "best", 1.5, 1.0)
+    close = solution(tmp_path, "close", 1.5, 1.0, paired=(1.0, 1.04))
+    for (hot, flushed), kept in (((1.3, 1.1), True), ((1.1, 1.3), False)):
+        verdict = evaluator(tmp_path / f"{hot}").evaluate(close, best, best_is_baseline=False, full_check=False,
+                                                          best_score=1.5, best_check=best_check(hot, flushed,
+                                                                                                ["c0", "c1"]))
+        assert verdict["keep"] is kept and verdict["speedup_over_best"] == pytest.approx(1.04 if kept else 1.0)
+        assert [s["name"] for s in verdict["stages"]][:3] == ["policy", "selfcheck", "versus_best"]
 
 
 def test_a_keeper_whose_gates_cannot_run_is_not_kept(tmp_path: Path):
