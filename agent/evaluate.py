@@ -221,7 +221,8 @@ class Evaluator:
         (``best_check``, the best's selfcheck report: its plan there is as far from its host as the best's), or whose
         GPU time clears its host cost short of the ratio, does not block: the qualification, which times the
         verifier's own schedule, decides it. Without CUDA nothing is measured: the qualification never runs and the
-        cell is "-".
+        cell is "-". ``best_check`` also gives a graph-paired comparison with the best the best's own ratios over
+        the yardstick (``compare``).
         """
         stages: list[Stage] = []
 
@@ -317,19 +318,22 @@ def compare(report: dict | None, best_check: dict | None = None) -> dict:
     score = (report or {}).get("score")
     if not cases or len(speedups) != len(cases) or not score:
         return {"keep": False, "speedup_over_best": None, "noise": None, "compare_note": "no valid comparison"}
-    standing = best_ratios(cases, best_check)
+    standing = best_ratios(report, best_check)
     paired = paired_noise(cases, standing)
+    named = [(c.get("case") or {}).get("name") for c in cases]
     if paired is not None:
-        per_case = {c["case"]["name"]: implied((c["hot"]["ratio"], c["flushed"]["ratio"]),
-                                               (standing or {}).get(c["case"]["name"])) for c in cases}
+        values = [implied((c["hot"]["ratio"], c["flushed"]["ratio"]), (standing or {}).get(name))
+                  for c, name in zip(cases, named)]
         if standing:
-            score = task_score([(c["case"]["stratum"], per_case[c["case"]["name"]]) for c in cases])
+            score = task_score([(c["case"]["stratum"], value) for c, value in zip(cases, values)])
         noise = max(NOISE_FLOOR, paired)
-        note = (("the task's score implied by the best's own ratios over the yardstick; " if standing else "")
-                + f"noise: half the score's bootstrap 5-95% range, {paired:.4f} (floor {NOISE_FLOOR})")
+        how = ("the task's score implied by the best's own ratios over the yardstick; " if standing else
+               "the best's report from another GPU model: the smaller ratio over the best; "
+               if (best_check or {}).get("device") not in (None, report.get("device")) else "")
+        note = how + f"noise: half the score's bootstrap 5-95% range, {paired:.4f} (floor {NOISE_FLOOR})"
         return {"keep": score > 1 + noise, "speedup_over_best": score, "noise": noise, "compare_note": note,
-                "versus_best": per_case}
-    per_case = {c["case"]["name"]: c["speedup"] for c in cases if (c.get("case") or {}).get("name")}
+                "versus_best": {name: value for name, value in zip(named, values) if name}}
+    per_case = {name: c["speedup"] for c, name in zip(cases, named) if name}
     spreads = sorted(c["spread"] if c.get("spread") is not None else max(c["times_us"]) / min(c["times_us"]) - 1
                      for c in cases if c.get("spread") is not None or c.get("times_us"))
     noise = spreads[len(spreads) // 2] if spreads else 0.0
@@ -344,9 +348,13 @@ BOOTSTRAP_DRAWS = 400
 PAIRED = ("hot", "flushed")
 
 
-def best_ratios(cases: list[dict], best_check: dict | None) -> dict[str, tuple[float, float]] | None:
+def best_ratios(report: dict, best_check: dict | None) -> dict[str, tuple[float, float]] | None:
     """Each case's (hot, flushed) ratio over the task's yardstick in the best's selfcheck report, by case name; None
-    unless the report has both, positive, for every case of ``cases``."""
+    unless that report was measured on the GPU model of ``report`` (the candidate against the best) and has both,
+    positive, for every case of ``report``: another model's ratios say nothing of which regime binds here."""
+    cases = report.get("cases", [])
+    if not best_check or best_check.get("device") != report.get("device"):
+        return None
     known = {}
     for case in (best_check or {}).get("cases", []):
         ratios = tuple((case.get(name) or {}).get("ratio") for name in PAIRED)

@@ -19,10 +19,10 @@ cases it holds, and attempts are of two kinds:
   timing against the best refuted some of its tables (below); otherwise another step.
 
 A merge not kept is still the one attempt that timed the incumbents against the best in one process (its verdict's
-``versus_best``: each case's speedup over the best). A table it changed on which one of its cases ran under
-``REFUTED`` times the best's speed is refuted: that configuration is no incumbent again while the best's tables
-stay (a step's numbers and the best's came from two processes; the head-to-head timing outranks them), so the next
-attempt merges the rest.
+``versus_best``: each case's speedup over the best, as the task's score sees it). A table it changed on which one of
+its cases ran under ``REFUTED`` times the best's speed is refuted: that configuration is no incumbent again while the
+best's tables stay (a step's numbers and the best's came from two processes; the head-to-head timing outranks
+them), so the next attempt merges the rest.
 
 A table's move wins, and becomes its incumbent, when every panel case the table holds ran at least ``1 + MARGIN``
 times faster than under its incumbent (speedups against the task's baseline, which each attempt measures paired in

@@ -138,10 +138,24 @@ def test_a_paired_comparison_counts_the_regime_that_binds_the_bests_score():
     assert not hot_only["keep"] and hot_only["speedup_over_best"] == pytest.approx(1.0, abs=0.005), hot_only
     # the hot regime binds instead (1.1 hot, 1.3 flushed): now the hot gain counts
     assert compare(paired_report(1.04, 0.005, flushed_gain=1.0), best_check(1.1, 1.3, names))["keep"]
-    for partial in (best_check(1.3, 1.1, names[1:]), None, {"cases": [{"case": {"name": "p0"}, "hot": {}}]}):
+    no_flushed = best_check(1.3, 1.1, names)
+    no_flushed["cases"][0]["flushed"]["ratio"] = None
+    elsewhere = best_check(1.3, 1.1, names) | {"device": "another GPU"}
+    for partial in (best_check(1.3, 1.1, names[1:]), None, no_flushed, elsewhere):
         fallback = compare(flushed_only, partial)
         assert fallback["speedup_over_best"] == flushed_only["score"] and not fallback["keep"], fallback
         assert "implied" not in fallback["compare_note"]
+    assert "another GPU model" in compare(flushed_only, elsewhere)["compare_note"]
+    # the noise is the bootstrap of the score it gates: the implied one, not the smaller ratio's
+    noisy = paired_report(1.0, 0.2, flushed_gain=1.04)
+    standing = {name: (1.3, 1.1) for name in names}
+    assert compare(noisy, best_check(1.3, 1.1, names))["noise"] == paired_noise(noisy["cases"], standing)
+    assert paired_noise(noisy["cases"], standing) > 0.02 and paired_noise(noisy["cases"], standing) != \
+        paired_noise(noisy["cases"])
+    # a case without a name is still compared (as the selfcheck never writes one, no best's ratio can be its)
+    del flushed_only["cases"][0]["case"]["name"]
+    assert compare(flushed_only)["speedup_over_best"] == flushed_only["score"]
+    assert "implied" not in compare(flushed_only, best_check(1.3, 1.1, names))["compare_note"]
 
 
 def evaluator(tmp_path: Path, cuda: bool = True) -> Evaluator:
