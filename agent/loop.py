@@ -92,11 +92,10 @@ class Run:
     def measure_best(self, start: bool) -> None:
         """The best's selfcheck in the worktree (which holds it): its score is the best score and its report the
         profile that candidates' estimates, the proposer and the keep rule (its ratios over the yardstick) read, and
-        its time sets the stages' limits. Run for the
-        start of a run and again when a GPU run resumes: a resumed run may land on another host or another GPU model,
-        and only numbers measured in one sitting compare (the last sitting's stay in its attempts' records). Written
-        in an order that a kill leaves either whole or to be made again: the state, then start_selfcheck.json (the
-        start's only), the mark a resumed run goes by."""
+        its time sets the stages' limits. Run for the start of a run and again when a GPU run resumes: a resumed run
+        may land on another host or another GPU model, and only numbers measured in one sitting compare (the last
+        sitting's stay in its attempts' records). Written in an order that a kill leaves either whole or to be made
+        again: the state, then start_selfcheck.json (the start's only), the mark a resumed run goes by."""
         what = "the start" if start else "the best again (a resumed GPU run)"
         self.display.line(f"measuring {what} ({self.state.best_label}) on panel {Path(self.config.panel).name}")
         stage = self.evaluator_tools.selfcheck(self.tools.candidate)

@@ -293,10 +293,9 @@ def time_paired(task: tasks.Task, fn, base_fn, case, weights: dict, device,
     call inputs, rewritten in place before pair p with the seeded draw PAIR_SEED + p; the candidate's outputs, where
     ``paired`` hands them over, kept and checked against the oracle (on that draw) in batches of CHECK_BATCH, all of
     them before it returns. Returns (paired's record, the check's record: the first failing output's, else a passing
-    one). ``spent``, where given, gets the host's wall seconds in the
-    refills (``timing_refills``) and in the outputs' checks (``timing_output_checks``), both outside the timed
-    replays; on CUDA the refills' kernels run asynchronously (their GPU time falls in the next wait) and the checks'
-    time includes waiting for the oracle."""
+    one). ``spent``, where given, gets the host's wall seconds in the refills (``timing_refills``) and in the outputs'
+    copies and checks (``timing_output_checks``), both outside the timed replays; on CUDA the refills' kernels run
+    asynchronously (their GPU time falls in the next wait) and the checks' time includes waiting for the oracle."""
     adapter = task.adapter
     spent = {} if spent is None else spent
     spent["timing_refills"] = spent["timing_output_checks"] = 0.0
