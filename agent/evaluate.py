@@ -327,10 +327,11 @@ def compare(report: dict | None, best_check: dict | None = None) -> dict:
         if standing:
             score = task_score([(c["case"]["stratum"], value) for c, value in zip(cases, values)])
         noise = max(NOISE_FLOOR, paired)
-        how = ("the task's score implied by the best's own ratios over the yardstick; " if standing else
-               "the best's report from another GPU model: the smaller ratio over the best; "
-               if (best_check or {}).get("device") not in (None, report.get("device")) else "")
-        note = how + f"noise: half the score's bootstrap 5-95% range, {paired:.4f} (floor {NOISE_FLOOR})"
+        note = f"noise: half the score's bootstrap 5-95% range, {paired:.4f} (floor {NOISE_FLOOR})"
+        if standing:
+            note = "the task's score implied by the best's own ratios over the yardstick; " + note
+        elif best_check and best_check.get("device") != report.get("device"):
+            note = "the best's report from another GPU model: the smaller ratio over the best; " + note
         return {"keep": score > 1 + noise, "speedup_over_best": score, "noise": noise, "compare_note": note,
                 "versus_best": {name: value for name, value in zip(named, values) if name}}
     per_case = {name: c["speedup"] for c, name in zip(cases, named) if name}
@@ -352,16 +353,15 @@ def best_ratios(report: dict, best_check: dict | None) -> dict[str, tuple[float,
     """Each case's (hot, flushed) ratio over the task's yardstick in the best's selfcheck report, by case name; None
     unless that report was measured on the GPU model of ``report`` (the candidate against the best) and has both,
     positive, for every case of ``report``: another model's ratios say nothing of which regime binds here."""
-    cases = report.get("cases", [])
     if not best_check or best_check.get("device") != report.get("device"):
         return None
     known = {}
-    for case in (best_check or {}).get("cases", []):
+    for case in best_check.get("cases", []):
         ratios = tuple((case.get(name) or {}).get("ratio") for name in PAIRED)
         name = (case.get("case") or {}).get("name")
         if name and all(isinstance(r, (int, float)) and r > 0 for r in ratios):
             known[name] = ratios
-    names = [(c.get("case") or {}).get("name") for c in cases]
+    names = [(c.get("case") or {}).get("name") for c in report.get("cases", [])]
     return {name: known[name] for name in names} if names and all(n in known for n in names) else None
 
 

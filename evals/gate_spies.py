@@ -33,7 +33,6 @@ _M_MMAP_THRESHOLD, _M_PERTURB = -3, -6  # glibc mallopt parameters
 _MMAP_THRESHOLD_MAX = 32 << 20  # glibc's ceiling on 64-bit; blocks below it come from the heap, where the fill applies
 VALIDATE_CHUNK = 64  # outputs compared against the oracle at once (bounds fp64 scratch)
 EVIDENCE_CAP = 8
-DTYPE_LABELS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
 DEFAULT_BOUND = "the reference's bound"  # what a batch's failures are said to be outside, unless the adapter's BOUND
 _SAME_WIDTH_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -159,10 +158,6 @@ def tamper_snapshot(task) -> dict[str, object]:
 
 
 # ----------------------------------------------------------------------------------------------------- output audits
-def dtype_label(dtype: torch.dtype) -> str:
-    return DTYPE_LABELS.get(dtype, str(dtype).removeprefix("torch."))
-
-
 def poison_bits(itemsize: int) -> int:
     """An element of ``itemsize`` bytes that is all POISON_BYTE, as the signed integer of that width reads it."""
     return int.from_bytes(bytes([POISON_BYTE]) * itemsize, "little", signed=True)
@@ -215,18 +210,6 @@ def poisoned_allocations(shape: tuple[int, ...], dtype: torch.dtype, device: tor
             malloc_fill(False)
 
 
-def structure_problem(out, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> str | None:
-    if type(out) is not torch.Tensor:  # a subclass can override .double(), __sub__, ...: the checks' own operations
-        kind = type(out)
-        return f"output must be a plain torch.Tensor (not a subclass); got {kind.__module__}.{kind.__qualname__}"
-    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device.type != device.type:
-        return (f"output must be {dtype_label(dtype)} {tuple(shape)} on {device.type}; got {out.dtype} "
-                f"{tuple(out.shape)} on {out.device}")
-    if not out.is_contiguous():
-        return f"output must be contiguous; got strides {out.stride()}"
-    return None
-
-
 def span(tensor: torch.Tensor) -> tuple[int, int]:
     storage = tensor.untyped_storage()
     return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
@@ -260,7 +243,7 @@ def validate(outs: list, indices: list[int], refs: list, task, case, device) -> 
     bad, messages = 0, []
     by_input: dict[int, list] = {}
     for n, (out, index) in enumerate(zip(outs, indices)):
-        problem = structure_problem(out, shape, dtype, device)
+        problem = kh.structure_problem(out, shape, dtype, device)
         if problem:
             bad += 1
             messages.append(f"output {n}: {problem}")

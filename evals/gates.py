@@ -61,9 +61,10 @@ import torch
 from evals import graph_timing, residency, stability
 from evals import kernel_harness as kh
 from evals import task as tasks
-from evals.gate_spies import (EVIDENCE_CAP, GateBook, Spies, bound_name, changed_inputs, dtype_label, heat,
+from evals.gate_spies import (EVIDENCE_CAP, GateBook, Spies, bound_name, changed_inputs, heat,
                               isolate_timing_thread, overlaps, pin_to_one_core, poisoned_allocations,
-                              same_values, structure_problem, tamper_snapshot, unwritten, validate, write_unversioned)
+                              same_values, tamper_snapshot, unwritten, validate, write_unversioned)
+from evals.kernel_harness import dtype_label, structure_problem
 from evals.loader import load_solution, unload_solution
 from evals.selfcheck import CANDIDATE_ERRORS, error_record
 

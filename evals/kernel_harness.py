@@ -44,6 +44,27 @@ class CheckResult:
         return asdict(self)
 
 
+DTYPE_LABELS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
+
+
+def dtype_label(dtype: torch.dtype) -> str:
+    return DTYPE_LABELS.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def structure_problem(out, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> str | None:
+    """What is wrong with the structure of an output (None: nothing): a plain tensor of ``shape`` and ``dtype`` on
+    ``device``'s kind, contiguous."""
+    if type(out) is not torch.Tensor:  # a subclass can override .double(), __sub__, ...: the checks' own operations
+        kind = type(out)
+        return f"output must be a plain torch.Tensor (not a subclass); got {kind.__module__}.{kind.__qualname__}"
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device.type != device.type:
+        return (f"output must be {dtype_label(dtype)} {tuple(shape)} on {device.type}; got {out.dtype} "
+                f"{tuple(out.shape)} on {out.device}")
+    if not out.is_contiguous():
+        return f"output must be contiguous; got strides {out.stride()}"
+    return None
+
+
 def cell(value, spec: str = ".2f") -> str:
     """A number in a table (``spec``, a format spec), "-" where there is none."""
     return "-" if value is None else format(value, spec)

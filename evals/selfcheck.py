@@ -314,7 +314,6 @@ def time_paired(task: tasks.Task, fn, base_fn, case, weights: dict, device,
 
     checked, failures = [], []
     shape, dtype = tuple(adapter.output_shape(case)), adapter.OUTPUT_DTYPE
-    where = next((t.device for t in static[0] if isinstance(t, torch.Tensor)), None)  # cuda:0, not cuda
     # (regime, pair, output index, the kept output, its inputs, its result where already judged), in pair order
     pending: list[tuple] = []
 
@@ -342,8 +341,7 @@ def time_paired(task: tasks.Task, fn, base_fn, case, weights: dict, device,
         began = time.perf_counter()
         for j, out in enumerate(outputs):
             inputs = drawn[j % len(drawn)]
-            if (type(out) is torch.Tensor and tuple(out.shape) == shape and out.dtype == dtype
-                    and out.device == where and out.is_contiguous()):
+            if kh.structure_problem(out, shape, dtype, device) is None:
                 # the graph rewrites its outputs in the next pair: a copy (of the same structure) is judged later
                 pending.append((regime, pair, j, out.clone(), inputs, None))
             else:  # judged now, while it is the object the pair returned

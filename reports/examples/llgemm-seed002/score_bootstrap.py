@@ -22,6 +22,8 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=2000)
     parser.add_argument("--best", help="the best's selfcheck report (its ratios over the yardstick)")
     args = parser.parse_args()
+    if args.best and not Path(args.best).is_file():
+        sys.exit(f"--best {args.best}: no such file (the best's selfcheck JSON report)")
     best = json.loads(Path(args.best).read_text()) if args.best else None
     for path in args.reports:
         report = json.loads(Path(path).read_text())
