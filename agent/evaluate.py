@@ -392,10 +392,10 @@ def paired_noise(cases: list[dict], best: dict | None = None, draws: int = BOOTS
 
 def bootstrap_scores(cases: list[dict], draws: int, seed: int = 0, best: dict | None = None) -> list[float] | None:
     """The task's score over ``draws`` bootstrap redraws of every case's paired replays, sorted: each regime's pairs
-    drawn with replacement, candidate and baseline together; a case's speedup from its regimes' baseline/candidate
-    median ratios, ``implied`` with the best's ratios ``best`` (by case name) where given, else the smaller, as the
-    selfcheck scores it. None unless every case has both regimes' series of equal lengths. Seeded: the same report
-    gives the same scores."""
+    drawn with replacement within their place (even- or odd-indexed), candidate and baseline together; a case's
+    speedup from its regimes' baseline/candidate ratios of centers by place, ``implied`` with the best's ratios
+    ``best`` (by case name) where given, else the smaller, as the selfcheck scores it. None unless every case has
+    both regimes' series of equal lengths. Seeded: the same report gives the same scores."""
     series = []
     for case in cases:
         regimes = [case.get(name) or {} for name in PAIRED]
@@ -411,12 +411,20 @@ def bootstrap_scores(cases: list[dict], draws: int, seed: int = 0, best: dict | 
         for stratum, pairs, standing in series:
             ratios = []
             for candidate, baseline in pairs:
-                picks = [rng.randrange(len(candidate)) for _ in candidate]
-                ratios.append(statistics.median(baseline[i] for i in picks)
-                              / statistics.median(candidate[i] for i in picks))
+                # each place in the pairs (the even- and the odd-indexed) redrawn within itself, as the selfcheck
+                # takes a series' center by place (evals/graph_timing.py)
+                picks = [[rng.choice(place) for _ in place] for place in (range(0, len(candidate), 2),
+                                                                           range(1, len(candidate), 2)) if place]
+                ratios.append(placed_center(baseline, picks) / placed_center(candidate, picks))
             values.append((stratum, implied(tuple(ratios), standing)))
         scores.append(task_score(values))
     return sorted(scores)
+
+
+def placed_center(values: list[float], picks: list[list[int]]) -> float:
+    """The geometric mean of the medians of ``values`` at each list of indices in ``picks``."""
+    medians = [statistics.median(values[i] for i in place) for place in picks]
+    return math.prod(medians) ** (1 / len(medians))
 
 
 def _case_failure(case: dict) -> str:

@@ -8,9 +8,14 @@ inputs, and the two are timed in one process, in alternation, in two regimes:
     flushed   a graph of one call, replayed FLUSHED_PAIRS times per callable, each replay after a read of a 256 MiB
               buffer that evicts the L2 (every byte comes from HBM)
 
-Pair i replays A then B for even i, B then A for odd i, so that a drift hits both alike. Every replay is bracketed by
-CUDA events after a ``torch.cuda._sleep`` spin that keeps the GPU busy while the host enqueues the events and the
-replay, so the host's launch cost never lands inside the timed region (``replay_us`` times one callable alone so).
+Pair i replays A then B for even i, B then A for odd i, so that a drift hits both alike; and since the first replay
+of a pair may run slower than the second (after the refill and the checks: reports/examples/llgemm-seed002/README.md,
+"The verifier on the H100"), each series is summed up by place: its center is the geometric mean of the medians of its
+even- and odd-indexed replays (the pairs it ran first, those it ran second), its spread the larger of the two places'
+spreads, so that the order effect weighs alike on both callables whatever the count of pairs and is not taken for a
+callable's dispersion. Every replay is bracketed by CUDA events after a ``torch.cuda._sleep`` spin that keeps the GPU
+busy while the host enqueues the events and the replay, so the host's launch cost never lands inside the timed region
+(``replay_us`` times one callable alone so).
 Before every pair, outside the timed region, ``refill(pair)`` rewrites the static call inputs in place with a fresh
 seeded draw, so that no cache of outputs can pay, and the candidate's static outputs are set to NaN; after every pair
 ``check(name, regime, pair, outputs)`` sees the candidate's static outputs (and the yardstick's after the first
@@ -18,9 +23,9 @@ seeded draw, so that no cache of outputs can pay, and the candidate's static out
 capture than it runs eagerly, or whose replays skip work, is caught there. Pair indices run on across the regimes
 (hot first), so every pair's draw is distinct.
 
-Names: A is the candidate, B the yardstick. ``ratio`` = B's median / A's median, the speedup of A over B; the
-result's ``speedup`` = min(hot ratio, flushed ratio): a speedup counts only where it holds in both regimes. Each
-series' spread is its interquartile ratio p75/p25.
+Names: A is the candidate, B the yardstick. ``ratio`` = B's center / A's center, the speedup of A over B; the
+result's ``speedup`` = min(hot ratio, flushed ratio): a speedup counts only where it holds in both regimes. A place's
+spread is its interquartile ratio p75/p25.
 
 Without CUDA there are no graphs: the same pairs, refills and checks run eagerly (the "flushed" regime without a
 flush), timed with the host's clock: interpreter wall times with the record's structure, never GPU timing.
@@ -28,6 +33,8 @@ flush), timed with the host's clock: interpreter wall times with the record's st
 from __future__ import annotations
 
 import gc
+import math
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable
@@ -102,24 +109,43 @@ def spread(values: list[float] | None) -> float | None:
     return quantile(values, 0.75) / low if low > 0 else None
 
 
+def places(values: list[float]) -> list[list[float]]:
+    """A series' replays by their place in the pairs: the even-indexed and the odd-indexed (one callable ran first in
+    the one, second in the other), each non-empty one."""
+    return [place for place in (values[0::2], values[1::2]) if place]
+
+
+def center(values: list[float] | None) -> float | None:
+    """The geometric mean of the medians of a series' two places (``places``); None for a missing or empty series."""
+    found = [statistics.median(place) for place in places(values or [])]
+    return math.prod(found) ** (1 / len(found)) if found else None
+
+
+def place_spread(values: list[float] | None) -> float | None:
+    """The larger of the two places' interquartile spreads (``spread``); None where a series or a spread is missing."""
+    found = [spread(place) for place in places(values or [])]
+    return None if not found or None in found else max(found)
+
+
 def halves(values: list[float] | None) -> list[float] | None:
-    """Medians of a series' first and second half (the middle value of an odd count in neither); None for fewer than
+    """Centers of a series' first and second half (the middle value of an odd count in neither); None for fewer than
     two values."""
     if not values or len(values) < 2:
         return None
     half = len(values) // 2
-    return [kh.median(values[:half]), kh.median(values[-half:])]
+    return [center(values[:half]), center(values[-half:])]
 
 
 def summary(series: dict[str, list[float]], names: tuple[str, str], calls: int, pairs: int, first: int) -> dict:
-    """One regime's record: each callable's per-replay us per call (``<name>_times_us``), its median (``<name>_us``)
-    and spread (``<name>_spread``), ``ratio`` = B's median / A's median, and B's half medians (``<B>_halves_us``)."""
+    """One regime's record: each callable's per-replay us per call (``<name>_times_us``), its center (``<name>_us``)
+    and spread by place (``<name>_spread``), ``ratio`` = B's center / A's center, and B's half centers
+    (``<B>_halves_us``)."""
     a, b = names
     record = {"calls_per_replay": calls, "pairs": pairs, "first_pair": first}
     for name in names:
         record[f"{name}_times_us"] = series[name]
-        record[f"{name}_us"] = kh.median(series[name]) if series[name] else None
-        record[f"{name}_spread"] = spread(series[name])
+        record[f"{name}_us"] = center(series[name])
+        record[f"{name}_spread"] = place_spread(series[name])
     record["ratio"] = (record[f"{b}_us"] / record[f"{a}_us"]) if record[f"{a}_us"] and record[f"{b}_us"] else None
     record[f"{b}_halves_us"] = halves(series[b])
     return record
@@ -143,6 +169,19 @@ class _Eager:
         return self.run()
 
 
+_side: list = []  # this process's side stream, made at the first graph
+
+
+def side_stream() -> torch.cuda.Stream:
+    """The one stream of every graph's warm-up and capture in this process. A library that keeps state per stream
+    (cuBLAS, a workspace) takes it once, at the first callable captured (a verifier's yardstick, before its residency
+    baseline), not again for each graph: a new stream per graph charged a candidate that falls back to F.linear with
+    64 MiB no tensor held (reports/examples/llgemm-seed002/README.md, "The verifier on the H100")."""
+    if not _side:
+        _side.append(torch.cuda.Stream())
+    return _side[0]
+
+
 class Graph:
     """A regime's calls captured in one CUDA graph; its static outputs are the captured calls' outputs."""
 
@@ -150,7 +189,7 @@ class Graph:
 
     def __init__(self, fn: Callable, calls: list[tuple], name: str) -> None:
         self.calls = calls
-        side = torch.cuda.Stream()
+        side = side_stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up: a call that raises here is the callable's failure, not a capture's
             for i in range(WARMUP_CALLS):
@@ -159,7 +198,7 @@ class Graph:
         torch.cuda.synchronize()
         self.graph = _CUDAGraph()
         try:
-            with _capture(self.graph):
+            with _capture(self.graph, stream=side):
                 self.outputs = [fn(*args) for args in calls]
         except Exception as exc:  # torch's capture error, or the call's own under capture
             raise GraphCaptureError(name, exc) from exc

@@ -163,6 +163,26 @@ def time_groups(fn: Callable, inputs: list[tuple], groups: int, calls_per_group:
     return times
 
 
+def read_bandwidth_gbps(device: torch.device, nbytes: int = 1 << 30) -> float | None:
+    """A read-only pass's bandwidth (a sum over ``nbytes`` of fp32) in GB/s, the fastest of ten; None off CUDA. A
+    kernel that only streams its operands may read faster than a copy moves (a copy also writes)."""
+    if device.type != "cuda":
+        return None
+    src = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
+    for _ in range(3):
+        src.sum()
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        src.sum()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1000)
+    del src
+    return nbytes / min(times) / 1e9
+
+
 def copy_bandwidth_gbps(device: torch.device, nbytes: int = 1 << 30) -> float | None:
     """Device-to-device copy bandwidth (bytes read + written) in GB/s; None off CUDA."""
     if device.type != "cuda":

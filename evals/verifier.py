@@ -22,12 +22,12 @@ or the adapter's callable, which a role runs with ``--baseline-callable``), or t
 - graph-paired: one role per case, the candidate's, which runs every gate and then times the candidate paired with
   the baseline in its own process (evals/graph_timing.py: CUDA-graph replay, hot and L2-flushed, the baseline loaded
   and captured before the candidate; a role runs with ``--pair-with DIR`` where the baseline is a solution).
+  Each series is taken by place in the pairs (first or second; graph_timing's center and place_spread).
   Dispersion: each of the four series (candidate and baseline, hot and flushed) has an interquartile spread p75/p25 <=
-  1.15, and baseline_agreement: the baseline's medians over the first and the second half of the pairs agree within
+  1.15, and baseline_agreement: the baseline's centers over the first and the second half of the pairs agree within
   1.15 in each regime; a missing series fails dispersion, and a missing baseline series baseline_agreement too.
-  Case score = min(hot ratio, flushed ratio), each the baseline's
-  median over the candidate's: a speedup counts only where it holds in both regimes. timing_sanity holds the flushed
-  median alone to the copy-bandwidth roofline.
+  Case score = min(hot ratio, flushed ratio), each the baseline's center over the candidate's: a speedup counts only
+  where it holds in both regimes. timing_sanity holds the flushed center alone to the bandwidth roofline (gates.py).
 
 Geometric mean per stratum; harmonic mean across strata. Exit status 0 only for a valid submission (every gate
 passed, none skipped). A source that the policy rejects is invalid whatever it does, so a full run does not time it:
@@ -245,22 +245,20 @@ def paired_series(record: dict, regime: str, who: str) -> list[float] | None:
 
 
 def paired_medians(record: dict) -> dict[str, float | None]:
-    """A graph-paired case's medians by series: ``<who>_<regime>`` (None where a series is missing)."""
-    found = {}
-    for regime, who in PAIRED_SERIES:
-        values = paired_series(record, regime, who)
-        found[f"{who}_{regime}"] = kh.median(values) if values else None
-    return found
+    """A graph-paired case's medians by series, each taken by place in the pairs (``graph_timing.center``):
+    ``<who>_<regime>`` (None where a series is missing)."""
+    return {f"{who}_{regime}": graph_timing.center(paired_series(record, regime, who)) for regime, who in PAIRED_SERIES}
 
 
 def judge_paired(record: dict, gates: dict) -> float | None:
     """The graph-paired timing gates from the candidate role's series (fail-closed: a missing series fails), and
     the case ratio: the smaller of the two regimes' baseline median / candidate median (None unless both exist).
 
-    dispersion: every one of the four series' interquartile spread p75/p25 <= DISPERSION_LIMIT (a failure lists the
-    failing series replay by replay); baseline_agreement: the baseline's medians over the first and the second half
-    of the pairs within DISPERSION_LIMIT of each other, in each regime."""
-    spreads = {(regime, who): graph_timing.spread(paired_series(record, regime, who))
+    dispersion: every one of the four series' interquartile spread p75/p25, taken by place in the pairs
+    (``graph_timing.place_spread``), <= DISPERSION_LIMIT (a failure lists the failing series replay by replay);
+    baseline_agreement: the baseline's centers over the first and the second half of the pairs within
+    DISPERSION_LIMIT of each other, in each regime."""
+    spreads = {(regime, who): graph_timing.place_spread(paired_series(record, regime, who))
                for regime, who in PAIRED_SERIES}
     # a missing or NaN spread fails ("not <=" holds for NaN)
     bad = [(regime, who) for (regime, who), value in spreads.items() if value is None or not value <= DISPERSION_LIMIT]

@@ -150,7 +150,7 @@ def test_a_paired_comparison_counts_the_regime_that_binds_the_bests_score():
     noisy = paired_report(1.0, 0.2, flushed_gain=1.04)
     standing = {name: (1.3, 1.1) for name in names}
     assert compare(noisy, best_check(1.3, 1.1, names))["noise"] == paired_noise(noisy["cases"], standing)
-    assert paired_noise(noisy["cases"], standing) > 0.02 and paired_noise(noisy["cases"], standing) != \
+    assert paired_noise(noisy["cases"], standing) > NOISE_FLOOR and paired_noise(noisy["cases"], standing) != \
         paired_noise(noisy["cases"])
     # a case without a name is still compared (as the selfcheck never writes one, no best's ratio can be its)
     del flushed_only["cases"][0]["case"]["name"]

@@ -1,5 +1,7 @@
 """The graph-paired timer (evals/graph_timing.py): its statistics, its pairs' order, refills and checks, and its
 record, eagerly on CPU; graph capture, the two regimes' ranking and a capture failure on a GPU."""
+import math
+
 import pytest
 import torch
 
@@ -12,8 +14,26 @@ def test_spread_is_the_interquartile_ratio_and_halves_leave_the_middle_out():
     assert gt.spread([1.0, 2.0, 3.0, 4.0, 5.0]) == 2.0  # p75 4 / p25 2
     assert gt.spread([10.0] * 20 + [100.0]) == 1.0  # one stalled replay does not move the quartiles
     assert gt.spread([]) is None and gt.spread(None) is None and gt.spread([0.0, 0.0, 1.0]) is None
-    assert gt.halves([1.0, 2.0, 9.0, 4.0, 5.0]) == [kh.median([1.0, 2.0]), kh.median([4.0, 5.0])]  # 9.0: the middle
+    assert gt.halves([1.0, 2.0, 9.0, 4.0, 5.0]) == [gt.center([1.0, 2.0]), gt.center([4.0, 5.0])]  # 9.0: the middle
     assert gt.halves([3.0]) is None and gt.halves(None) is None
+
+
+def test_a_series_is_taken_by_place_so_that_the_pairs_order_effect_weighs_alike_on_both_callables():
+    """21 pairs in which whichever callable runs first takes 7.1 us and the second 6.1 us: A (first in the even
+    pairs) has 11 slow replays, B 10. The whole series' medians would make the same code 0.86x itself and its
+    spreads fail the verifier's 1.15; by place both centers are sqrt(7.1 * 6.1) and both spreads 1.0."""
+    first, second = 7.1, 6.1
+    a = [first if i % 2 == 0 else second for i in range(21)]
+    b = [second if i % 2 == 0 else first for i in range(21)]
+    assert kh.median(b) / kh.median(a) == pytest.approx(second / first) and gt.spread(a) > 1.15
+    record = gt.summary({"a": a, "b": b}, ("a", "b"), 8, 21, 0)
+    assert record["a_us"] == pytest.approx(math.sqrt(first * second)) == record["b_us"]
+    assert record["ratio"] == pytest.approx(1.0) and record["a_spread"] == 1.0 == record["b_spread"]
+    assert record["b_halves_us"] == [pytest.approx(math.sqrt(first * second))] * 2
+    # a callable slow in one place only is not cleared: its center carries the slow place, its spread a place's own
+    noisy = [10.0, 10.0, 13.0, 10.0, 10.0, 10.0, 13.0, 10.0, 13.0]  # the even place: 10, 13, 10, 13, 13
+    assert gt.place_spread(noisy) == pytest.approx(13.0 / 10.0) and gt.center(noisy) > 10.0
+    assert gt.center([]) is None and gt.place_spread(None) is None and gt.center([4.0]) == 4.0
 
 
 def regime(name: str, values: dict) -> dict:
@@ -22,9 +42,11 @@ def regime(name: str, values: dict) -> dict:
 
 def test_a_regime_record_names_both_callables_and_the_ratio_is_the_yardsticks_over_the_candidates():
     found = regime("hot", {"cand": [10.0, 11.0, 12.0], "base": [20.0, 21.0, 22.0, 23.0]})
-    assert found["cand_us"] == 11.0 and found["base_us"] == kh.median([20.0, 21.0, 22.0, 23.0])
+    # by place: the even-indexed replays' median and the odd-indexed', their geometric mean
+    assert found["cand_us"] == pytest.approx(11.0) and found["base_us"] == pytest.approx(math.sqrt(21.0 * 22.0))
     assert found["ratio"] == pytest.approx(found["base_us"] / 11.0)  # the speedup of the candidate over the base
-    assert found["cand_spread"] == pytest.approx(11.5 / 10.5) and found["base_halves_us"] == [21.0, 23.0]
+    assert found["cand_spread"] == pytest.approx(11.5 / 10.5)  # the even place's (10, 12); the odd place is 11 alone
+    assert found["base_halves_us"] == [pytest.approx(math.sqrt(20.0 * 21.0)), pytest.approx(math.sqrt(22.0 * 23.0))]
     assert found["cand_times_us"] == [10.0, 11.0, 12.0]
     assert regime("flushed", {"cand": [], "base": [1.0]})["ratio"] is None  # a missing series: no ratio
 
@@ -212,3 +234,24 @@ def test_a_graph_whose_replays_skip_work_leaves_nan_that_the_check_after_every_p
 
     gt.paired(cheat, lambda x: x * 2.0, inputs, refill, check, names=("cheat", "honest"))
     assert len(verdicts) == gt.HOT_PAIRS + gt.FLUSHED_PAIRS and verdicts.count(False) > len(verdicts) // 2
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_graphs_after_the_first_take_no_library_state_of_their_own():
+    """Every graph is warmed and captured on the process's one side stream: cuBLAS's per-stream workspace is taken
+    for the first subject (a verifier's yardstick, before its residency baseline), and a second subject calling
+    F.linear (a candidate falling back to it) adds its graphs' static outputs only, not a workspace."""
+    device = torch.device("cuda")
+    weight = torch.randn(512, 1024, device=device).bfloat16()
+    inputs = [(torch.randn(4, 1024, device=device).bfloat16(),) for _ in range(2)]
+    plan = gt.Plan(hot_calls=2, hot_pairs=1, flushed_pairs=1, warm_replays=1, checked_pairs=1)
+    first = gt.prepare(lambda x: torch.nn.functional.linear(x, weight), inputs, "baseline", plan)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    second = gt.prepare(lambda x: torch.nn.functional.linear(x, weight), inputs, "candidate", plan)
+    torch.cuda.synchronize()
+    outputs = sum(out.untyped_storage().nbytes() for runner in second.regimes.values() for out in runner.outputs)
+    assert torch.cuda.memory_allocated() - before <= outputs + (1 << 20), (torch.cuda.memory_allocated() - before)
+    assert gt.side_stream() is gt.side_stream()
+    found = gt.paired(second, first, inputs, plan=plan)
+    assert found["graphs"] and found["speedup"] > 0
