@@ -310,7 +310,7 @@ def compare(report: dict | None, best_check: dict | None = None) -> dict:
     level (reports/examples/llgemm-seed002/README.md, "the keep rule"); without the best's ratios for every case it is
     still what is used. The noise there: half the score's 5-95% range over bootstrap redraws of those pairs
     (``paired_noise``), at least ``NOISE_FLOOR``. Else the report's score, and the median over cases of each case's
-    noise: its ``spread`` where the report gives one (the candidate's larger interquartile spread, minus 1), else the
+    noise: its ``spread`` where the report gives one (the candidate's larger spread by place, minus 1), else the
     spread (max/min - 1) of the candidate's per-group times. ``versus_best`` keeps each case's speedup, which the
     per-table search reads back (a merge's table whose cases lost here is not merged again)."""
     cases = (report or {}).get("cases", [])

@@ -8,14 +8,14 @@ inputs, and the two are timed in one process, in alternation, in two regimes:
     flushed   a graph of one call, replayed FLUSHED_PAIRS times per callable, each replay after a read of a 256 MiB
               buffer that evicts the L2 (every byte comes from HBM)
 
-Pair i replays A then B for even i, B then A for odd i, so that a drift hits both alike; and since the first replay
-of a pair may run slower than the second (after the refill and the checks: reports/examples/llgemm-seed002/README.md,
-"The verifier on the H100"), each series is summed up by place: its center is the geometric mean of the medians of its
-even- and odd-indexed replays (the pairs it ran first, those it ran second), its spread the larger of the two places'
-spreads, so that the order effect weighs alike on both callables whatever the count of pairs and is not taken for a
-callable's dispersion. Every replay is bracketed by CUDA events after a ``torch.cuda._sleep`` spin that keeps the GPU
-busy while the host enqueues the events and the replay, so the host's launch cost never lands inside the timed region
-(``replay_us`` times one callable alone so).
+Pair i of a regime replays A then B for even i, B then A for odd i, so that a drift hits both alike; and since the first
+replay of a pair may run slower than the second (after the refill and the checks:
+reports/examples/llgemm-seed002/README.md, "The verifier on the H100"), each series is summed up by place: its center is
+the geometric mean of the medians of its even- and odd-indexed replays (the pairs it ran first, those it ran second),
+its spread the larger of the two places' spreads, so that the order effect weighs alike on both callables whatever the
+count of pairs and is not taken for a callable's dispersion. Every replay is bracketed by CUDA events after a
+``torch.cuda._sleep`` spin that keeps the GPU busy while the host enqueues the events and the replay, so the host's
+launch cost never lands inside the timed region (``replay_us`` times one callable alone so).
 Before every pair, outside the timed region, ``refill(pair)`` rewrites the static call inputs in place with a fresh
 seeded draw, so that no cache of outputs can pay, and the candidate's static outputs are set to NaN; after every pair
 ``check(name, regime, pair, outputs)`` sees the candidate's static outputs (and the yardstick's after the first
@@ -59,7 +59,7 @@ GRAPH_NOTE = "graph replay: the host's cost is outside the timed region"
 EAGER_NOTE = ("no CUDA: no graphs exist, so the graph-paired pairs ran eagerly (the flushed regime without a flush); "
               "interpreter wall times, not GPU timing")
 # the protocol's own handles, taken before any candidate code runs, so that a patched one cannot reach them
-_perf_counter, _Event, _sleep = time.perf_counter, torch.cuda.Event, torch.cuda._sleep
+_perf_counter, _Event, _sleep, _Stream = time.perf_counter, torch.cuda.Event, torch.cuda._sleep, torch.cuda.Stream
 _CUDAGraph, _replay, _capture = torch.cuda.CUDAGraph, torch.cuda.CUDAGraph.replay, torch.cuda.graph
 
 
@@ -178,7 +178,7 @@ def side_stream() -> torch.cuda.Stream:
     baseline), not again for each graph: a new stream per graph charged a candidate that falls back to F.linear with
     64 MiB no tensor held (reports/examples/llgemm-seed002/README.md, "The verifier on the H100")."""
     if not _side:
-        _side.append(torch.cuda.Stream())
+        _side.append(_Stream())
     return _side[0]
 
 

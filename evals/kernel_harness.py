@@ -164,7 +164,7 @@ def time_groups(fn: Callable, inputs: list[tuple], groups: int, calls_per_group:
 
 
 def read_bandwidth_gbps(device: torch.device, nbytes: int = 1 << 30) -> float | None:
-    """A read-only pass's bandwidth (a sum over ``nbytes`` of fp32) in GB/s, the fastest of ten; None off CUDA. A
+    """A read-only pass's bandwidth (a sum over ``nbytes`` of fp32) in GB/s, the median of ten; None off CUDA. A
     kernel that only streams its operands may read faster than a copy moves (a copy also writes)."""
     if device.type != "cuda":
         return None
@@ -180,7 +180,7 @@ def read_bandwidth_gbps(device: torch.device, nbytes: int = 1 << 30) -> float | 
         end.synchronize()
         times.append(start.elapsed_time(end) / 1000)
     del src
-    return nbytes / min(times) / 1e9
+    return nbytes / median(times) / 1e9
 
 
 def copy_bandwidth_gbps(device: torch.device, nbytes: int = 1 << 30) -> float | None:

@@ -14,14 +14,14 @@ The timing follows the task's protocol (its manifest's ``timing``):
   verifier's dispersion gate on noisy hosts, so the loop keeps a candidate with one only when the timing under the
   verifier's own schedule (evals/qualify.py) holds it (agent/stability.py).
 - graph-paired: ``evals.graph_timing.paired(candidate, baseline)``, CUDA-graph replay in pairs, hot and L2-flushed.
-  ``median_us``, ``baseline_median_us`` and ``times_us`` are the hot regime's (the candidate's per-replay us per
-  call), ``speedup`` the smaller of the hot and the flushed ratio, ``hot`` and ``flushed`` each regime's record
-  (centers by place in the pairs, ratio, spreads by place, the series: evals/graph_timing.py), ``spread`` the larger
-  of the candidate's two spreads minus 1 (the noise agent/evaluate.py's compare weighs), GB/s and %copy the flushed
-  center's (the hot replays read the weight from the L2). The inputs are drawn afresh before every pair, and the
-  candidate's graph outputs are set to NaN before and kept after every pair, then checked against the oracle in
-  batches, all before the timing returns (``checks["graph_outputs"]``). Graph replay keeps the host out of the timed
-  region, so no host-bound probe runs: ``stable`` is True and says why.
+  ``median_us``, ``baseline_median_us`` (centers by place) and ``times_us`` are the hot regime's (the candidate's
+  per-replay us per call), ``speedup`` the smaller of the hot and the flushed ratio, ``hot`` and ``flushed`` each
+  regime's record (centers by place in the pairs, ratio, spreads by place, the series: evals/graph_timing.py),
+  ``spread`` the larger of the candidate's two spreads minus 1 (the noise agent/evaluate.py's compare weighs), GB/s and
+  %copy the flushed center's (the hot replays read the weight from the L2). The inputs are drawn afresh before every
+  pair, and the candidate's graph outputs are set to NaN before and kept after every pair, then checked against the
+  oracle in batches, all before the timing returns (``checks["graph_outputs"]``). Graph replay keeps the host out of the
+  timed region, so no host-bound probe runs: ``stable`` is True and says why.
   Without CUDA there are no graphs: the pairs run eagerly with the same record (interpreter wall times).
 
 Each case records the wall seconds of the phases it reached (``phase_s``: ``correctness`` in every regime, ``timing``,

@@ -65,6 +65,7 @@ import itertools
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -252,12 +253,15 @@ def paired_medians(record: dict) -> dict[str, float | None]:
 
 def judge_paired(record: dict, gates: dict) -> float | None:
     """The graph-paired timing gates from the candidate role's series (fail-closed: a missing series fails), and
-    the case ratio: the smaller of the two regimes' baseline median / candidate median (None unless both exist).
+    the case ratio: the smaller of the two regimes' baseline center / candidate center (None unless both exist).
 
     dispersion: every one of the four series' interquartile spread p75/p25, taken by place in the pairs
     (``graph_timing.place_spread``), <= DISPERSION_LIMIT (a failure lists the failing series replay by replay);
-    baseline_agreement: the baseline's centers over the first and the second half of the pairs within
-    DISPERSION_LIMIT of each other, in each regime."""
+    baseline_agreement, in each regime: the baseline's centers over the first and the second half of the pairs
+    within DISPERSION_LIMIT of each other, and its replays right after the candidate's (the even pairs) no slower
+    than DISPERSION_LIMIT times those it ran first (the odd pairs). The place statistics would not see a candidate
+    that slows the replay after its own (say, by leaving the L2 dirty) in one place alone; where anything, the first
+    replay of a pair is the slower."""
     spreads = {(regime, who): graph_timing.place_spread(paired_series(record, regime, who))
                for regime, who in PAIRED_SERIES}
     # a missing or NaN spread fails ("not <=" holds for NaN)
@@ -269,13 +273,18 @@ def judge_paired(record: dict, gates: dict) -> float | None:
            for regime, who in bad if (values := paired_series(record, regime, who))]}
     lines, agree = [], True
     for regime in ("hot", "flushed"):
-        halves = graph_timing.halves(paired_series(record, regime, "baseline"))
+        series = paired_series(record, regime, "baseline")
+        halves = graph_timing.halves(series)
         within = bool(halves) and min(halves) > 0 and max(halves) / min(halves) <= DISPERSION_LIMIT
-        agree = agree and within
+        after, first = (statistics.median(series[i::2]) if series and len(series) > 1 else None for i in (0, 1))
+        unslowed = bool(after and first) and after / first <= DISPERSION_LIMIT
+        agree = agree and within and unslowed
         lines.append(f"{regime} baseline halves " + (f"{halves[0]:.2f} us and {halves[1]:.2f} us" if halves
-                                                     else "missing") + ("" if within else " (disagree)"))
+                                                     else "missing") + ("" if within else " (disagree)")
+                     + f", after the candidate {kh.cell(after)} us and first in its pair {kh.cell(first)} us"
+                     + ("" if unslowed else " (slowed after the candidate)"))
     gates["baseline_agreement"] = {"status": "pass" if agree else "fail", "evidence": [
-        "; ".join(lines) + ("" if agree else f": not within {DISPERSION_LIMIT}x of each other, or missing")]}
+        "; ".join(lines) + ("" if agree else f": not within {DISPERSION_LIMIT}x, or missing")]}
     medians = paired_medians(record)
     ratios = [medians[f"baseline_{regime}"] / medians[f"candidate_{regime}"] for regime in ("hot", "flushed")
               if medians[f"baseline_{regime}"] and medians[f"candidate_{regime}"]]
@@ -379,7 +388,7 @@ def format_row(c: dict) -> str:
 
     m = c["medians_us"]
     verdict = "ok" if not c["failed"] else "FAIL " + ", ".join(c["failed"])
-    if "candidate_hot" in m:  # graph-paired: each regime's medians and ratio
+    if "candidate_hot" in m:  # graph-paired: each regime's centers (graph_timing.center) and ratio
         def ratio(regime: str) -> float | None:
             base, cand = m.get(f"baseline_{regime}"), m.get(f"candidate_{regime}")
             return base / cand if base and cand else None

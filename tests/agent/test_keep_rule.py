@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent.config import Task
-from agent.evaluate import NOISE_FLOOR, SURELY_SLOWER, Evaluator, compare, paired_noise
+from agent.evaluate import NOISE_FLOOR, SURELY_SLOWER, Evaluator, compare, paired_noise, placed_center
 
 # A stand-in selfcheck: the numbers come from the solution directory's numbers.json ("versus_v0" or, with
 # --baseline, "versus_best"): per-case speedups and a score, as evals.selfcheck reports them.
@@ -85,12 +85,36 @@ def paired_report(gain: float, jitter: float, seed: int = 1, flushed_gain: float
             candidate = [base * (1 + rng.uniform(-jitter, jitter)) for _ in range(pairs)]
             baseline = [base * ratio * (1 + rng.uniform(-jitter, jitter)) for _ in range(pairs)]
             case[regime] = {"candidate_times_us": candidate, "baseline_times_us": baseline,
-                            "ratio": statistics.median(baseline) / statistics.median(candidate)}
+                            "ratio": by_place(baseline) / by_place(candidate)}
         case["speedup"] = min(case["hot"]["ratio"], case["flushed"]["ratio"])
         strata.setdefault(case["case"]["stratum"], []).append(math.log(case["speedup"]))
         cases.append(case)
     means = [math.exp(sum(v) / len(v)) for v in strata.values()]
     return {"cases": cases, "score": len(means) / sum(1 / m for m in means)}
+
+
+def by_place(values: list[float]) -> float:
+    """A series' center as the selfcheck takes it (evals/graph_timing.py's center): by place in the pairs."""
+    return placed_center(values, [list(range(0, len(values), 2)), list(range(1, len(values), 2))])
+
+
+def test_the_bootstrap_redraws_each_place_in_the_pairs_within_itself():
+    """Whichever callable runs first in its pair 16% slower, at equal speed: the whole series' medians read 0.86
+    (the candidate ran first in 11 of 21 hot pairs); by place the ratio is 1.0, and redrawn within each place it
+    stays 1.0 in every draw (no noise)."""
+    cases = []
+    for i in range(6):
+        case = {"case": {"name": f"p{i}", "stratum": ("m1", "m16")[i % 2]}}
+        for regime, pairs in (("hot", 21), ("flushed", 101)):
+            candidate = [7.1 if j % 2 == 0 else 6.1 for j in range(pairs)]  # first in the even pairs
+            baseline = [6.1 if j % 2 == 0 else 7.1 for j in range(pairs)]
+            case[regime] = {"candidate_times_us": candidate, "baseline_times_us": baseline,
+                            "ratio": by_place(baseline) / by_place(candidate)}
+        cases.append(case)
+    hot = cases[0]["hot"]
+    assert statistics.median(hot["baseline_times_us"]) / statistics.median(hot["candidate_times_us"]) == \
+        pytest.approx(6.1 / 7.1)
+    assert hot["ratio"] == pytest.approx(1.0) and paired_noise(cases) == pytest.approx(0.0, abs=1e-12)
 
 
 def test_a_graph_paired_comparison_is_held_to_its_scores_bootstrap_noise_at_least_the_floor():

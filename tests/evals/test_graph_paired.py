@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -300,6 +301,51 @@ def test_baseline_halves_that_disagree_fail_though_every_spread_holds(graph_task
     assert found["failed"] == ["baseline_agreement"], found["gates"]
     evidence = found["gates"]["baseline_agreement"]["evidence"][0]
     assert "hot baseline halves 10.00 us and 11.60 us (disagree)" in evidence and "not within 1.15x" in evidence
+
+
+def test_the_pairs_order_effect_passes_and_a_baseline_slowed_after_the_candidate_fails(graph_task):
+    """Whichever callable runs first in its pair 1.16x slower (the candidate first in the even pairs, the baseline in
+    the odd): every gate passes and the same speed scores 1.0. A baseline 1.3x slower right after the candidate's
+    replay (the even pairs) alone: each place stays steady and the halves agree, so only the check of that place
+    against the baseline's first replays finds it."""
+    task = tasks.load(graph_task)
+    first, second = 7.1, 6.1
+
+    def by_place(even, odd, pairs):
+        return [even if i % 2 == 0 else odd for i in range(pairs)]
+
+    honest = {f"{regime}_{who}": by_place(*((first, second) if who == "candidate" else (second, first)), pairs)
+              for regime, pairs in (("hot", 21), ("flushed", 101)) for who in ("candidate", "baseline")}
+    found = judged(graph_task, paired_record(task, (1.0, 1.0), (1.0, 1.0), **honest))
+    assert found["failed"] == [] and found["score"] == pytest.approx(1.0), found["gates"]
+    slowed = paired_record(task, (10.0, 20.0), (20.0, 30.0), hot_baseline=by_place(26.0, 20.0, 21))
+    found = judged(graph_task, slowed)
+    assert found["failed"] == ["baseline_agreement"], found["gates"]
+    assert "(slowed after the candidate)" in found["gates"]["baseline_agreement"]["evidence"][0]
+
+
+def test_timing_sanity_holds_a_median_to_a_read_pass_and_the_copy_with_slack_and_fails_a_missing_one(graph_task):
+    """1 MB at a read pass of 1000 GB/s and a copy of 900 GB/s: the floor is 1 us (the read pass beats 1.07x the
+    copy); a median of 0.95 us is faster than possible, 1.0 us is not. With a read pass of 900 GB/s, or none, the
+    floor is 1.07x the copy's rate, 1.038 us. A missing median fails; no copy rate (off CUDA) leaves the gate to its
+    skip."""
+    task = tasks.load(graph_task)
+    role = types.SimpleNamespace(record={"copy_gbps": 900.0, "read_gbps": 1000.0}, case=None,
+                                 adapter=types.SimpleNamespace(bytes_moved=lambda case: 1_000_000))
+
+    def verdict(median, **rates):
+        role.record.update(rates)
+        role.book = gate_spies.GateBook(gates.role_gates(task))
+        gates.Role.sanity(role, median, "flushed center", "")
+        return role.book.gates["timing_sanity"]
+
+    assert verdict(1.0)["status"] == "pass" and role.record["roofline_us"] == pytest.approx(1.0)
+    failed = verdict(0.95)
+    assert failed["status"] == "fail" and "faster than possible" in failed["evidence"][0]
+    for read in (900.0, None):
+        assert verdict(1.0, read_gbps=read)["status"] == "fail" and verdict(1.05)["status"] == "pass"
+    assert verdict(None)["status"] == "fail" and "no time measured" in role.book.gates["timing_sanity"]["evidence"][0]
+    assert verdict(0.5, copy_gbps=None)["status"] == "not_run"
 
 
 def test_gates_only_skips_the_timing_gates(graph_task):
