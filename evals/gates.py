@@ -27,12 +27,11 @@ With timing, the task's timing protocol (its manifest's ``timing``) follows and 
 timing_sanity:
 
 - eager-groups: the schedule (reset; distinct outputs audited and released; heater; untimed calls; timed groups);
-  schedule_outputs re-validates every primed and timed output, and timing_sanity finds a median impossible that
-  moves the case's bytes faster than both a read-only pass's measured bandwidth and SANITY_SLACK times a copy's.
-  Each timed group calls on calls_per_group distinct call
-  inputs whose values the verifier rewrites in place (a seeded draw, the same for all three roles) before the group,
-  outside the timed region: no (address, _version) pair and no content repeats from one group to the next, so no
-  cache pays off; the pool is checked unchanged before each rewrite.
+  schedule_outputs re-validates every primed and timed output, and timing_sanity finds a median impossible that moves
+  the case's bytes faster than both a read-only pass's measured bandwidth and SANITY_SLACK times a copy's. Each timed
+  group calls on calls_per_group distinct call inputs whose values the verifier rewrites in place (a seeded draw, the
+  same for all three roles) before the group, outside the timed region: no (address, _version) pair and no content
+  repeats from one group to the next, so no cache pays off; the pool is checked unchanged before each rewrite.
 - graph-paired: the candidate paired with the yardstick in this one process (evals/graph_timing.py: CUDA-graph
   replay, hot and L2-flushed). The yardstick (the task's baseline, or the solution given by ``--pair-with``) is built
   and captured during setup, before any candidate code exists in the process, so nothing the candidate does can
