@@ -163,41 +163,34 @@ def time_groups(fn: Callable, inputs: list[tuple], groups: int, calls_per_group:
     return times
 
 
+def _pass_seconds(fn: Callable[[], object], warmup: int = 3, repeats: int = 10) -> float:
+    """The median GPU seconds of ``fn()`` over ``repeats`` event-timed passes, after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1000)
+    return median(times)
+
+
 def read_bandwidth_gbps(device: torch.device, nbytes: int = 1 << 30) -> float | None:
     """A read-only pass's bandwidth (a sum over ``nbytes`` of fp32) in GB/s, the median of ten; None off CUDA. A
     kernel that only streams its operands may read faster than a copy moves (a copy also writes)."""
     if device.type != "cuda":
         return None
     src = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
-    for _ in range(3):
-        src.sum()
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        src.sum()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1000)
-    del src
-    return nbytes / median(times) / 1e9
+    return nbytes / _pass_seconds(src.sum) / 1e9
 
 
 def copy_bandwidth_gbps(device: torch.device, nbytes: int = 1 << 30) -> float | None:
-    """Device-to-device copy bandwidth (bytes read + written) in GB/s; None off CUDA."""
+    """Device-to-device copy bandwidth (bytes read + written) in GB/s, the median of ten; None off CUDA."""
     if device.type != "cuda":
         return None
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1000)
-    del src, dst
-    return nbytes / median(times) / 1e9
+    return nbytes / _pass_seconds(lambda: dst.copy_(src)) / 1e9

@@ -276,7 +276,8 @@ def judge_paired(record: dict, gates: dict) -> float | None:
         series = paired_series(record, regime, "baseline")
         halves = graph_timing.halves(series)
         within = bool(halves) and min(halves) > 0 and max(halves) / min(halves) <= DISPERSION_LIMIT
-        after, first = (statistics.median(series[i::2]) if series and len(series) > 1 else None for i in (0, 1))
+        places = graph_timing.places(series or [])  # the even pairs (after the candidate's replay), the odd
+        after, first = (statistics.median(p) for p in places) if len(places) == 2 else (None, None)
         unslowed = bool(after and first) and after / first <= DISPERSION_LIMIT
         agree = agree and within and unslowed
         lines.append(f"{regime} baseline halves " + (f"{halves[0]:.2f} us and {halves[1]:.2f} us" if halves
