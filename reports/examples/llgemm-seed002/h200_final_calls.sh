@@ -5,12 +5,18 @@
 #       visible panel and table.py on it (the side-by-side table; RUNS="id ..." counts those runs' attempts)
 #   PART=sealed SEED=S bash reports/examples/llgemm-seed002/h200_final_calls.sh
 #       a sealed panel drawn with seed S outside the repository, the verifier of main on it, make bench TASK=llgemm
+#   PART=bench bash reports/examples/llgemm-seed002/h200_final_calls.sh
+#       make bench TASK=llgemm alone (v0, main and F.linear on the visible panel: about 4.5 minutes on an H200)
+#   PART=profile bash reports/examples/llgemm-seed002/h200_final_calls.sh
+#       make profile NCU=1 of main on the points where it falls short of the seed (short_points_v137.json)
+#   PART=testgpu bash reports/examples/llgemm-seed002/h200_final_calls.sh
+#       make test-gpu (about 5.5 minutes on an H100)
 # The records (ledger, main, promotion reports, reports) come back in $OUT/records.tgz; unpack and commit the promote
 # call's before the sealed one, which judges the main it is given.
 set -o pipefail
 source "$(dirname "$0")/device_env.sh" || exit 1
 HERE=reports/examples/llgemm-seed002
-case "${PART:?PART=promote or PART=sealed}" in
+case "${PART:?PART=promote, sealed, bench, profile or testgpu}" in
   promote)
     make promote TASK=llgemm V=${V:?V=N, the version to promote} VERIFY=1 2>&1 | tee $OUT/promote.txt \
       || { tar czf $OUT/records.tgz tasks/llgemm/experiment_log.md $(ls -d workspace/.promotions 2>/dev/null); exit 1; }
@@ -24,7 +30,14 @@ case "${PART:?PART=promote or PART=sealed}" in
       2>&1 | tee $OUT/verifier-sealed-$SEED.txt  # an invalid verdict still goes on to bench
     cp /tmp/sealed-$SEED.json $OUT/  # the panel, once it has been run
     make bench TASK=llgemm JSON=$OUT/bench.json 2>&1 | tee $OUT/bench.txt ;;
-  *) echo "PART must be promote or sealed" >&2; exit 2 ;;
+  bench)
+    make bench TASK=llgemm JSON=$OUT/bench.json 2>&1 | tee $OUT/bench.txt ;;
+  profile)
+    make profile TASK=llgemm PANEL=$HERE/short_points_v137.json NCU=1 JSON=$OUT/profile.json 2>&1 \
+      | tee $OUT/profile.txt ;;
+  testgpu)
+    make test-gpu 2>&1 | tee $OUT/testgpu.txt ;;
+  *) echo "PART must be promote, sealed, bench, profile or testgpu" >&2; exit 2 ;;
 esac
 tar czf $OUT/records.tgz tasks/llgemm/main tasks/llgemm/experiment_log.md tasks/llgemm/versions/index.jsonl reports \
   $(ls -d workspace/.promotions 2>/dev/null)
