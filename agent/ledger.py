@@ -4,6 +4,8 @@ task's manifest says where; W4A16's are methods/versions/ and methods/experiment
 Everything is written under one file lock (versions/.lock), so parallel runs take distinct version numbers and their
 rows land in version order. Rows are only ever appended, never rewritten. A record survives a kill at any instant:
 see ``record``. A row's columns are the task's (``columns``): the fixed ones around the task's metric columns.
+An index line keeps no verdict of its own: its vN/verdict.json holds it, and ``index_entries`` reads it from there
+(``index_verdict``), so a line stays a few hundred bytes however many cases a panel has.
 """
 from __future__ import annotations
 
@@ -146,11 +148,38 @@ def parse_row(line: str, task: Task) -> dict[str, str]:
     return dict(zip(names, parts + ["-"] * (len(names) - len(parts))))
 
 
-def index_entries(task: Task) -> list[dict]:
+def index_verdict(verdict: dict) -> dict:
+    """A verdict as index entries carry it: vN/verdict.json less each case's speedup over the best (``versus_best``)
+    and the stages' output tails."""
+    trimmed = {k: v for k, v in verdict.items() if k != "versus_best"}
+    if "stages" in verdict:
+        trimmed["stages"] = [{k: v for k, v in stage.items() if k != "output"} for stage in verdict["stages"]]
+    return trimmed
+
+
+def snapshot_verdict(task: Task, version: str) -> dict:
+    """``index_verdict`` of vN/verdict.json; a snapshot without it is damaged, and the error says how to restore it."""
+    path = task.versions / version / "verdict.json"
+    try:
+        return index_verdict(json.loads(path.read_text()))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: {exc.__class__.__name__}: {exc}. The index line of {version} reads its verdict "
+                         f"from there; restore the snapshot (git checkout -- {path.parent}) or the records it came "
+                         "with") from None
+
+
+def index_entries(task: Task, verdicts: bool = True) -> list[dict]:
+    """Every index line, in order, each with its ``verdict`` (from its snapshot where the line keeps none; lines
+    written before the index stopped keeping verdicts carry their own). ``verdicts=False``: the lines as written."""
     path = task.versions / "index.jsonl"
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if verdicts:
+        for entry in entries:
+            if "verdict" not in entry:
+                entry["verdict"] = snapshot_verdict(task, entry["version"])
+    return entries
 
 
 def _append_line(path: Path, line: str) -> None:
@@ -182,7 +211,7 @@ def _finish_pending(task: Task) -> list[str]:
         if not any(line.startswith(f"| {version} |") for line in rows(task)):
             _start_ledger(task)  # a kill before a new task's first row left no header either
             _append_line(task.ledger_path, pending["row"])
-        if not any(entry.get("version") == version for entry in index_entries(task)):
+        if not any(entry.get("version") == version for entry in index_entries(task, verdicts=False)):
             _append_line(task.versions / "index.jsonl", json.dumps(pending["index"], sort_keys=True))
         path.unlink()
         finished.append(version)
@@ -210,7 +239,7 @@ class Recorded:
     version: str
     row: str
     directory: Path
-    entry: dict  # its index line
+    entry: dict  # its index line, with the verdict index_entries gives it
 
 
 def record(task: Task, candidate: Path, parent_dir: Path | None, parent_label: str, row: dict[str, object],
@@ -232,13 +261,15 @@ def record(task: Task, candidate: Path, parent_dir: Path | None, parent_label: s
         (staging / "verdict.json").write_text(json.dumps(verdict, indent=2) + "\n")
         values = dict(row, version=version, sha256=solution_sha256(staging))
         line, entry = format_row(values, task), json.loads(json.dumps(dict(values, **index_extra)))
-        (staging / PENDING).write_text(json.dumps({"row": line, "index": entry}) + "\n")
+        entry["verdict"] = json.loads(json.dumps(index_verdict(verdict)))  # as index_entries reads it back
+        written = {k: v for k, v in entry.items() if k != "verdict"}
+        (staging / PENDING).write_text(json.dumps({"row": line, "index": written}) + "\n")
         staging.rename(directory)
         pause_at("snapshot")
         _start_ledger(task)
         _append_line(task.ledger_path, line)
         pause_at("row")
-        _append_line(task.versions / "index.jsonl", json.dumps(entry, sort_keys=True))
+        _append_line(task.versions / "index.jsonl", json.dumps(written, sort_keys=True))
         pause_at("index")
         (directory / PENDING).unlink()
     return Recorded(version, line, directory, entry)

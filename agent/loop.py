@@ -219,11 +219,7 @@ class Run:
                  "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
                  "tokens": usage.tokens, "cost_usd": usage.cost_usd, "propose_s": round(attempt.propose_s, 2),
                  "eval_s": round(attempt.eval_s, 2), "wall_s": round(attempt.propose_s + attempt.eval_s, 2),
-                 "eval_dir": attempt.eval_dir, **(extra or {}),
-                 # the stages' output tails and each case's speedup over the best stay in vN/verdict.json: the
-                 # index keeps a line per attempt small
-                 "verdict": {k: v for k, v in verdict.items() if k != "versus_best"}
-                 | {"stages": [{k: v for k, v in s.items() if k != "output"} for s in verdict["stages"]]}}
+                 "eval_dir": attempt.eval_dir, **(extra or {})}
         recorded = ledger.record(self.task, self.tools.candidate, parent[1], parent[0], row, verdict, extra)
         ledger.pause_at("recorded")
         self.workspace.commit(recorded.row)

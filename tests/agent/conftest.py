@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from agent import ledger
+from agent.config import Task
 from agent.ledger import ATTEMPT_ROW
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -94,8 +96,8 @@ def ledger_rows(project: Path, task: str = "w4a16") -> list[str]:
 
 
 def index(project: Path, task: str = "w4a16") -> list[dict]:
-    path = project / manifest(project, task)["versions"] / "index.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    """The task's index entries, each with its verdict (read from its snapshot, as the loop reads them)."""
+    return ledger.index_entries(Task.load(project, task))
 
 
 def add_task(project: Path, name: str, **fields: object) -> Path:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agent import batch, pool
+from agent import batch, ledger, pool
+from agent.config import Task
 from agent.ledger import ATTEMPT_ROW
 from agent.runner import python_env, run_command
 from tests.agent.conftest import agent_command, agent_env, make_project, run_agent, runs
@@ -37,8 +38,7 @@ def toy(tmp_path: Path) -> Path:
 
 
 def entries(project: Path) -> list[dict]:
-    path = project / TASK / "versions" / "index.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return ledger.index_entries(Task.load(project, TASK))
 
 
 def rows(project: Path) -> list[str]:
