@@ -5,7 +5,7 @@ Everything is written under one file lock (versions/.lock), so parallel runs tak
 rows land in version order. Rows are only ever appended, never rewritten. A record survives a kill at any instant:
 see ``record``. A row's columns are the task's (``columns``): the fixed ones around the task's metric columns.
 An index line keeps no verdict of its own: its vN/verdict.json holds it, and ``index_entries`` reads it from there
-(``index_verdict``), so a line stays a few hundred bytes however many cases a panel has.
+(``index_verdict``), so a line stays one or two kilobytes however many cases a panel has.
 """
 from __future__ import annotations
 
