@@ -44,9 +44,9 @@ setup: ## create .venv with everything (a CPU torch where no GPU is present)
 test: ## CPU tests (without CUDA, kernels run under the Triton interpreter; tests/conftest.py chooses) [JOBS=2]
 	$(PY) -m pytest -q $(if $(XDIST),-n $(JOBS) --dist loadfile)
 
-test-gpu: ## GPU tests (pytest mark gpu); run on a CUDA machine
+test-gpu: ## GPU tests (pytest mark gpu); run on a CUDA machine [K=EXPR: pytest -k, to split the run]
 	@$(PY) -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "make test-gpu: no CUDA GPU (torch.cuda.is_available() is False); run it on a GPU machine (make test runs the CPU tests)")'
-	$(PY) -m pytest -q -m gpu
+	$(PY) -m pytest -q -m gpu $(if $(K),-k "$(K)")
 
 selfcheck: ## correctness, latency and speedup over the baseline: [TASK=] [SOLUTION=main] PANEL=visible|smoke|FILE JSON=out.json
 	$(PY) -m evals.selfcheck $(T) $(S) $(P) $(if $(JSON),--json $(JSON))

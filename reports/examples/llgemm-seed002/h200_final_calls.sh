@@ -5,12 +5,13 @@
 #       visible panel and table.py on it (the side-by-side table; RUNS="id ..." counts those runs' attempts)
 #   PART=sealed SEED=S bash reports/examples/llgemm-seed002/h200_final_calls.sh
 #       a sealed panel drawn with seed S outside the repository, the verifier of main on it, make bench TASK=llgemm
-#   PART=bench bash reports/examples/llgemm-seed002/h200_final_calls.sh
-#       make bench TASK=llgemm alone (v0, main and F.linear on the visible panel: about 4.5 minutes on an H200)
+#   PART=bench [PANEL=FILE] bash reports/examples/llgemm-seed002/h200_final_calls.sh
+#       make bench TASK=llgemm alone (v0, main and F.linear on the visible panel: about 4.5 minutes on an H200; the
+#       make variable PANEL comes from the environment, e.g. bench_rest_points.json, the six the first call missed)
 #   PART=profile bash reports/examples/llgemm-seed002/h200_final_calls.sh
 #       make profile NCU=1 of main on the points where it falls short of the seed (short_points_v137.json)
-#   PART=testgpu bash reports/examples/llgemm-seed002/h200_final_calls.sh
-#       make test-gpu (about 5.5 minutes on an H100)
+#   PART=testgpu [K=EXPR] bash reports/examples/llgemm-seed002/h200_final_calls.sh
+#       make test-gpu (up to 10 minutes on an H100: K='not red_team', then K=red_team, splits it across two calls)
 # The records (ledger, main, promotion reports, reports) come back in $OUT/records.tgz; unpack and commit the promote
 # call's before the sealed one, which judges the main it is given.
 set -o pipefail
@@ -36,7 +37,7 @@ case "${PART:?PART=promote, sealed, bench, profile or testgpu}" in
     make profile TASK=llgemm PANEL=$HERE/short_points_v137.json NCU=1 JSON=$OUT/profile.json 2>&1 \
       | tee $OUT/profile.txt ;;
   testgpu)
-    make test-gpu 2>&1 | tee $OUT/testgpu.txt ;;
+    make test-gpu K="$K" 2>&1 | tee $OUT/testgpu.txt ;;
   *) echo "PART must be promote, sealed, bench, profile or testgpu" >&2; exit 2 ;;
 esac
 rc=$?  # the part's last command (pipefail: its make, not tee); the call ends with it
