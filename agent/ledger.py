@@ -1,11 +1,13 @@
-"""The record of a task: its versions/vN/ snapshots, its append-only ledger rows and versions/index.jsonl (each
-task's manifest says where; W4A16's are methods/versions/ and methods/experiment_log.md).
+"""The record of a task: its versions/vN/ snapshots, its append-only ledger rows and index lines
+(versions/index*.jsonl; each task's manifest says where; W4A16's are methods/versions/ and methods/experiment_log.md).
 
 Everything is written under one file lock (versions/.lock), so parallel runs take distinct version numbers and their
 rows land in version order. Rows are only ever appended, never rewritten. A record survives a kill at any instant:
 see ``record``. A row's columns are the task's (``columns``): the fixed ones around the task's metric columns.
 An index line keeps no verdict of its own: its vN/verdict.json holds it, and ``index_entries`` reads it from there
-(``index_verdict``), so a line stays one or two kilobytes however many cases a panel has.
+(``index_verdict``), so a line stays one or two kilobytes however many cases a panel has. The index is segmented:
+index.jsonl, then index.1.jsonl, index.2.jsonl, ...; a line goes to the last one until it passes
+``INDEX_SEGMENT_BYTES``, then to a new one, so no record file grows without bound and none is ever rewritten.
 """
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ HEAD = ("version", "time (UTC)", "run", "backend/model", "parent", "summary / hy
 TAIL = ("score", "decision", "sha256", "stable")
 VERSION_DIR = re.compile(r"^v(\d+)$")
 ATTEMPT_ROW = re.compile(r"^\| v\d+ \|")  # an attempt's row: not the header, nor a promotion's "| promote vN |"
+INDEX_SEGMENT = re.compile(r"^index(?:\.(\d+))?\.jsonl$")  # index.jsonl is segment 0, index.N.jsonl segment N
+INDEX_SEGMENT_BYTES = 1 << 20  # a segment this large takes no more lines (about 700 of today's)
 PENDING = "pending.json"  # in vN/ until its row and index line are written: what a kill left unwritten, written later
 PAUSE_ENV = "KLOOP_PAUSE_AT"  # test-only: the agent process stops at the named write boundary (tests/agent/test_crash)
 
@@ -168,13 +172,33 @@ def snapshot_verdict(task: Task, version: str) -> dict:
                          "with") from None
 
 
-def index_entries(task: Task, verdicts: bool = True) -> list[dict]:
-    """Every index line, in order, each with its ``verdict`` (from its snapshot where the line keeps none; lines
-    written before the index stopped keeping verdicts carry their own). ``verdicts=False``: the lines as written."""
-    path = task.versions / "index.jsonl"
-    if not path.is_file():
+def index_segments(task: Task) -> list[Path]:
+    """The index's files in order: index.jsonl, then index.1.jsonl, index.2.jsonl, ... (by number, not by name)."""
+    if not task.versions.is_dir():
         return []
-    entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    found = [(int(m.group(1) or 0), path) for path in task.versions.glob("index*.jsonl")
+             if (m := INDEX_SEGMENT.match(path.name))]
+    return [path for _, path in sorted(found)]
+
+
+def index_append_path(task: Task) -> Path:
+    """The segment the next index line goes to: the last one while it is under ``INDEX_SEGMENT_BYTES``, else a new
+    one numbered after it."""
+    segments = index_segments(task)
+    if not segments:
+        return task.versions / "index.jsonl"
+    last = segments[-1]
+    if last.stat().st_size < INDEX_SEGMENT_BYTES:
+        return last
+    return task.versions / f"index.{int(INDEX_SEGMENT.match(last.name).group(1) or 0) + 1}.jsonl"
+
+
+def index_entries(task: Task, verdicts: bool = True) -> list[dict]:
+    """Every index line of every segment, in order, each with its ``verdict`` (from its snapshot where the line keeps
+    none; lines written before the index stopped keeping verdicts carry their own). ``verdicts=False``: the lines as
+    written."""
+    entries = [json.loads(line) for path in index_segments(task) for line in path.read_text().splitlines()
+               if line.strip()]
     if verdicts:
         for entry in entries:
             if "verdict" not in entry:
@@ -212,7 +236,7 @@ def _finish_pending(task: Task) -> list[str]:
             _start_ledger(task)  # a kill before a new task's first row left no header either
             _append_line(task.ledger_path, pending["row"])
         if not any(entry.get("version") == version for entry in index_entries(task, verdicts=False)):
-            _append_line(task.versions / "index.jsonl", json.dumps(pending["index"], sort_keys=True))
+            _append_line(index_append_path(task), json.dumps(pending["index"], sort_keys=True))
         path.unlink()
         finished.append(version)
     return finished
@@ -269,7 +293,7 @@ def record(task: Task, candidate: Path, parent_dir: Path | None, parent_label: s
         _start_ledger(task)
         _append_line(task.ledger_path, line)
         pause_at("row")
-        _append_line(task.versions / "index.jsonl", json.dumps(written, sort_keys=True))
+        _append_line(index_append_path(task), json.dumps(written, sort_keys=True))
         pause_at("index")
         (directory / PENDING).unlink()
     return Recorded(version, line, directory, entry)

@@ -41,7 +41,8 @@ def make_project(tmp_path: Path) -> Path:
     for entry in (copy / "methods" / "versions").iterdir():  # keep the yardstick only: runs of the real repo stay out
         if entry.name != "v0" and entry.is_dir():
             shutil.rmtree(entry)
-    (copy / "methods" / "versions" / "index.jsonl").unlink(missing_ok=True)
+    for segment in (copy / "methods" / "versions").glob("index*.jsonl"):
+        segment.unlink()
     # methods/main is v0 here, whatever the real one holds: these tests drive the loop's mechanics through v0's
     # one-file kernel and its knobs; test_run_offline runs the loop from the real, promoted main
     main = copy / "methods" / "main"

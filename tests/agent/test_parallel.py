@@ -29,7 +29,7 @@ TASK = "tests/toy_task"
 def toy(tmp_path: Path) -> Path:
     """A project copy holding the toy task as the repository ships it (v0 and main only)."""
     project = make_project(tmp_path)
-    shipped = shutil.ignore_patterns("__pycache__", "experiment_log.md", "index.jsonl", ".lock", "v[1-9]*")
+    shipped = shutil.ignore_patterns("__pycache__", "experiment_log.md", "index*.jsonl", ".lock", "v[1-9]*")
     shutil.copytree(TOY, project / TASK, ignore=shipped)
     git = ["git", "-c", "user.name=test", "-c", "user.email=test@localhost"]
     subprocess.run(git + ["add", "-A"], cwd=project, check=True)

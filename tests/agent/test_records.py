@@ -69,3 +69,39 @@ def test_an_index_line_keeps_no_verdict_and_reads_it_from_its_snapshot(project: 
     assert [e["version"] for e in ledger.index_entries(task, verdicts=False)] == [recorded.version, "v7"]
     with pytest.raises(ValueError, match=rf"{recorded.version}/verdict\.json.*restore the snapshot"):
         ledger.index_entries(task)
+
+
+def test_the_index_goes_on_in_a_new_segment_once_the_last_is_full(project: Path, monkeypatch):
+    """Once the last segment holds INDEX_SEGMENT_BYTES, the next line starts index.N.jsonl and the full one is
+    left as written; index_entries reads the segments by number (index.10 after index.2), crash recovery included."""
+    task = Task.load(project)
+    row = {"run": "r", "backend/model": "offline", "parent": "v0", "summary / hypothesis": "s", "correct": "yes",
+           "score": "1.000", "decision": "revert"}
+    verdict = {"valid": True, "keep": False, "score": 1.0}
+    main = task.root / task.candidate_dir
+
+    def record():
+        return ledger.record(task, main, task.versions / "v0", "v0", row, verdict, {"iteration": 1}).version
+
+    first = record()
+    monkeypatch.setattr(ledger, "INDEX_SEGMENT_BYTES", 1)  # every segment with a line in it is full
+    full = (task.versions / "index.jsonl").read_bytes()
+    second, third = record(), record()
+    assert (task.versions / "index.jsonl").read_bytes() == full
+    assert [p.name for p in ledger.index_segments(task)] == ["index.jsonl", "index.1.jsonl", "index.2.jsonl"]
+    (task.versions / "index.2.jsonl").rename(task.versions / "index.10.jsonl")
+    assert [p.name for p in ledger.index_segments(task)] == ["index.jsonl", "index.1.jsonl", "index.10.jsonl"]
+    assert [e["version"] for e in ledger.index_entries(task)] == [first, second, third]
+
+    fourth = record()
+    segment = task.versions / "index.11.jsonl"
+    (line,) = segment.read_text().splitlines()
+    assert json.loads(line)["version"] == fourth
+    # a kill after the row, before the index line: recovery writes the line where a record would have
+    segment.unlink()
+    row_line = next(r for r in ledger.rows(task) if r.startswith(f"| {fourth} |"))
+    (task.versions / fourth / ledger.PENDING).write_text(json.dumps({"row": row_line, "index": json.loads(line)}))
+    assert ledger.finish_pending(task) == [fourth]
+    assert segment.read_text().splitlines() == [line]
+    assert [e["version"] for e in ledger.index_entries(task)] == [first, second, third, fourth]
+

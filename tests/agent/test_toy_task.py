@@ -41,7 +41,7 @@ def toy_rows(project: Path) -> list[str]:
 def test_the_toy_task_goes_through_every_command_and_leaves_w4a16_alone(tmp_path):
     project = make_project(tmp_path)
     # the task as the repository ships it: its v0 and main, whatever runs of it in this checkout recorded
-    shipped = shutil.ignore_patterns("__pycache__", "experiment_log.md", "index.jsonl", ".lock", "v[1-9]*")
+    shipped = shutil.ignore_patterns("__pycache__", "experiment_log.md", "index*.jsonl", ".lock", "v[1-9]*")
     shutil.copytree(TOY, project / TASK, ignore=shipped)
     git = ["git", "-c", "user.name=test", "-c", "user.email=test@localhost"]
     subprocess.run(git + ["add", "-A"], cwd=project, check=True)

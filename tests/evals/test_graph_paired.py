@@ -19,7 +19,7 @@ from evals.stability import DISPERSION_LIMIT
 from tests.conftest import ROOT
 
 TOY = ROOT / "tests" / "toy_task"
-SHIPPED = shutil.ignore_patterns("__pycache__", "experiment_log.md", "index.jsonl", ".lock", "v[1-9]*")
+SHIPPED = shutil.ignore_patterns("__pycache__", "experiment_log.md", "index*.jsonl", ".lock", "v[1-9]*")
 
 
 def copy_toy(root: Path, **changes) -> Path:
