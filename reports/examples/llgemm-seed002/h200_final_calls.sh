@@ -41,7 +41,7 @@ case "${PART:?PART=promote, sealed, bench, profile or testgpu}" in
   *) echo "PART must be promote, sealed, bench, profile or testgpu" >&2; exit 2 ;;
 esac
 rc=$?  # the part's last command (pipefail: its make, not tee); the call ends with it
-tar czf $OUT/records.tgz tasks/llgemm/main tasks/llgemm/experiment_log.md tasks/llgemm/versions/index.jsonl reports \
+tar czf $OUT/records.tgz tasks/llgemm/main tasks/llgemm/experiment_log.md tasks/llgemm/versions/index*.jsonl reports \
   $(ls -d workspace/.promotions 2>/dev/null)
 ls -la $OUT
 exit $rc
