@@ -25,6 +25,9 @@ def pytest_collection_modifyitems(config, items):
 
 ROOT = Path(__file__).resolve().parent.parent
 REDTEAM = Path(__file__).resolve().parent / "redteam"
+TOY = ROOT / "tests" / "toy_task"
+# the toy task as the repository ships it: v0 and main, without whatever runs of it in this checkout recorded
+TOY_SHIPPED = shutil.ignore_patterns("__pycache__", "experiment_log.md", "index*.jsonl", ".lock", "v[1-9]*")
 sys.path.insert(0, str(ROOT))
 
 

@@ -14,6 +14,7 @@ import pytest
 from agent import ledger
 from agent.config import Task
 from agent.ledger import ATTEMPT_ROW
+from tests.conftest import TOY, TOY_SHIPPED
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 COPIED = ("agent", "evals", "methods", "prompts", "tasks", "pyproject.toml", ".gitignore")
@@ -99,6 +100,14 @@ def ledger_rows(project: Path, task: str = "w4a16") -> list[str]:
 def index(project: Path, task: str = "w4a16") -> list[dict]:
     """The task's index entries, each with its verdict (read from its snapshot, as the loop reads them)."""
     return ledger.index_entries(Task.load(project, task))
+
+
+def add_toy_task(project: Path) -> None:
+    """The toy task as the repository ships it, committed at tests/toy_task in ``project``."""
+    shutil.copytree(TOY, project / "tests" / "toy_task", ignore=TOY_SHIPPED)
+    git = ["git", "-c", "user.name=test", "-c", "user.email=test@localhost"]
+    subprocess.run(git + ["add", "-A"], cwd=project, check=True)
+    subprocess.run(git + ["commit", "-qm", "the toy task"], cwd=project, check=True)
 
 
 def add_task(project: Path, name: str, **fields: object) -> Path:

@@ -18,10 +18,9 @@ from agent import batch, ledger, pool
 from agent.config import Task
 from agent.ledger import ATTEMPT_ROW
 from agent.runner import python_env, run_command
-from tests.agent.conftest import agent_command, agent_env, make_project, run_agent, runs
+from tests.agent.conftest import add_toy_task, agent_command, agent_env, make_project, run_agent, runs
 from tests.agent.test_tools import tools  # noqa: F401 (the fixture)
 
-TOY = Path(__file__).resolve().parent.parent / "toy_task"
 TASK = "tests/toy_task"
 
 
@@ -29,11 +28,7 @@ TASK = "tests/toy_task"
 def toy(tmp_path: Path) -> Path:
     """A project copy holding the toy task as the repository ships it (v0 and main only)."""
     project = make_project(tmp_path)
-    shipped = shutil.ignore_patterns("__pycache__", "experiment_log.md", "index*.jsonl", ".lock", "v[1-9]*")
-    shutil.copytree(TOY, project / TASK, ignore=shipped)
-    git = ["git", "-c", "user.name=test", "-c", "user.email=test@localhost"]
-    subprocess.run(git + ["add", "-A"], cwd=project, check=True)
-    subprocess.run(git + ["commit", "-qm", "the toy task"], cwd=project, check=True)
+    add_toy_task(project)
     return project
 
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 from agent.ledger import ATTEMPT_ROW
-from tests.agent.conftest import agent_command, agent_env, make_project, run_agent
+from tests.conftest import TOY
+from tests.agent.conftest import add_toy_task, agent_command, agent_env, make_project, run_agent
 
-TOY = Path(__file__).resolve().parent.parent / "toy_task"
 TASK = "tests/toy_task"
 
 
@@ -40,12 +39,7 @@ def toy_rows(project: Path) -> list[str]:
 
 def test_the_toy_task_goes_through_every_command_and_leaves_w4a16_alone(tmp_path):
     project = make_project(tmp_path)
-    # the task as the repository ships it: its v0 and main, whatever runs of it in this checkout recorded
-    shipped = shutil.ignore_patterns("__pycache__", "experiment_log.md", "index*.jsonl", ".lock", "v[1-9]*")
-    shutil.copytree(TOY, project / TASK, ignore=shipped)
-    git = ["git", "-c", "user.name=test", "-c", "user.email=test@localhost"]
-    subprocess.run(git + ["add", "-A"], cwd=project, check=True)
-    subprocess.run(git + ["commit", "-qm", "the toy task"], cwd=project, check=True)
+    add_toy_task(project)  # its v0 and main, without the runs of it this checkout recorded
     before = snapshot(project)
 
     done = run_agent(project, "run", "--task", TASK, "--iters", "2", "--panel", "smoke", "--backend", "offline",

@@ -16,16 +16,14 @@ import torch
 from evals import bench, gate_spies, gates, graph_timing, selfcheck, verifier
 from evals import task as tasks
 from evals.stability import DISPERSION_LIMIT
-from tests.conftest import ROOT
+from tests.conftest import ROOT, TOY, TOY_SHIPPED
 
-TOY = ROOT / "tests" / "toy_task"
-SHIPPED = shutil.ignore_patterns("__pycache__", "experiment_log.md", "index*.jsonl", ".lock", "v[1-9]*")
 
 
 def copy_toy(root: Path, **changes) -> Path:
     """The toy task copied into ``root``/task with its manifest's paths pointing into the copy, and ``changes``."""
     folder = root / "task"
-    shutil.copytree(TOY, folder, ignore=SHIPPED)
+    shutil.copytree(TOY, folder, ignore=TOY_SHIPPED)
     manifest = json.loads((TOY / "task.json").read_text().replace("tests/toy_task", str(folder)))
     (folder / "task.json").write_text(json.dumps(manifest | changes, indent=1))
     return folder
