@@ -21,8 +21,8 @@ How (kernels.py, ws.py, pack.py, launch.py):
 - A plan the device-bound floor holds back (a call faster than its host could issue it) runs a stream-K grid sized
   so that its predicted GPU time lands on the floor (FLOOR_GRID), on the default loop.
 - The host path (launch.py): per M the plan and a launcher of the compiled kernel are made once; a call checks its
-  arguments with a few attribute reads (the full checks only where those fail), allocates the output and launches
-  with bare addresses.
+  arguments with a few attribute reads (the full checks only where those fail), allocates the output and calls the
+  launcher's C entry with bare addresses.
 Kept after build: the repacked words (K*N/2 bytes), references to scales (a 16-byte aligned copy where the caller's
 is not: the copy engine reads them) and bias, and for split or stream-K plans the accumulator and counters
 (4*M*N + 4*tiles bytes) of the latest such M only.
@@ -123,9 +123,10 @@ TIERS = [
      "num_stages": 3, "WS_STAGES": 4, "WS_MAXNREG": 72, "WS_MAX_PROGRAMS": 264},
     # the other widest outputs: two splits ran faster than one at 64 columns (h200-splitk-sweeps)
     {"N_MIN": 16384, "N_MAX": 1 << 40, "K_MIN": 128, "K_MAX": 1 << 40, "MIN_PROGRAMS": 528, "num_stages": 3},
-    # the expert-batch widths: a floor of 22 us and the WS loop only from 45 us, a margin over their host cost
-    # (three plans at the general 16 spread past the 1.15 gate: h200-host-margin)
-    {"N_MIN": 1, "N_MAX": 4095, "K_MIN": 128, "K_MAX": 1 << 40, "DEVICE_BOUND_US": 22, "WS_MIN_US": 45},
+    # the expert-batch widths: a floor of 25 us and the WS loop only from 45 us, a margin over their host cost (at
+    # 16 three plans spread past the 1.15 gate, h200-host-margin; the floor's stream-K grids at 22 ran 19-22 us
+    # against a slow host's 16-18 us and spread up to 1.197, at 25 21-24 us and up to 1.119, h200-host-path)
+    {"N_MIN": 1, "N_MAX": 4095, "K_MIN": 128, "K_MAX": 1 << 40, "DEVICE_BOUND_US": 25, "WS_MIN_US": 45},
 ]
 
 # What the loop may change, as data (agent/proposers/offline.py reads it without importing this file). "unmeasured"
@@ -163,7 +164,7 @@ SEARCH_SPACE = {
                         "reason": "a lower threshold runs the leaner loop (LEAN_DEQUANT, LEAN_MAXNREG) on more "
                                   "plans: faster, but a plan near its host cost loses its steady group times (a "
                                   "17 us one spread 1.198)"},
-        "FLOOR_GRID": {"values": [1, 0], "unmeasured": [1],
+        "FLOOR_GRID": {"values": [1, 0],
                        "reason": "a stream-K grid sized to the device-bound floor: a host-bound plan lands on the "
                                  "floor instead of a whole split over it (up to twice its GPU time)"},
         "DEVICE_BOUND_US": {"values": [0, 14, 16, 18, 20, 24],
