@@ -3,12 +3,16 @@
 Each piece is timed as ``evals.stability.probe`` times a whole call: a spin kernel keeps the GPU busy while the host
 issues the calls, so no piece waits on the GPU. The pieces of the lean host path (launch.address_call) are:
     fits     the guard's attribute reads (dtype, shape, contiguity, device, alignment of x and residual)
-    alloc    torch.empty_like(residual): the fresh output
+             (``fits``, or ``fit_pointers``, which also returns the two addresses)
+    alloc    torch.empty_like(residual): the fresh output (beside it torch.empty and residual.new_empty)
     stream   the current stream's handle (triton's driver)
     entry    the launcher's C entry with the call's arguments prepared once (argument parsing and cuLaunchKernel)
+    encode   x's tensor descriptor encoded (the warp-specialized plans' calls only)
     call     the whole call, as the verifier's host probe sees it
 beside two floors: ``entry`` of a one-store kernel with a single pointer (the driver's launch and the entry's fixed
-cost) and bench's compiled-launch floor (torch.empty + that launch through CompiledKernel[grid]).
+cost), ``floor``: the least a call can cost under the contract and the source policy (a fresh output, then that
+entry: no guard, no Python of ours), and bench's compiled-launch floor (torch.empty + a launch through
+CompiledKernel[grid]).
 
 Usage: python3 reports/examples/h200-host-path/host_breakdown.py [--solutions methods/main methods/drafts/w4a16]
            [--cases 18x8192x1024 ...] [--json OUT]
@@ -36,7 +40,7 @@ def closure(fn) -> dict:
     return inspect.getclosurevars(fn).nonlocals
 
 
-def pieces(module, case, device) -> dict:
+def pieces(module, case, device, small_run) -> dict:
     """The callables of one built case's host path, each taking (x, residual)."""
     from triton.runtime import driver
 
@@ -46,9 +50,13 @@ def pieces(module, case, device) -> dict:
     fn(t.x, t.residual)  # compiles and makes the call of this M
     call = closure(fn)["calls"][(case.m, case.k)]
     held = closure(call)
-    result = {"call": fn, "fits": lambda x, r: launch.fits(x, r, (case.m, case.k), (case.m, case.n), device.index),
+    guard = getattr(launch, "fit_pointers", None) or launch.fits  # the guard's name since v103, and before it
+    result = {"call": fn, "fits": lambda x, r: guard(x, r, (case.m, case.k), (case.m, case.n), device.index),
               "alloc": lambda x, r: torch.empty_like(r),
-              "stream": lambda x, r: driver.active.get_current_stream(device.index)}
+              "alloc_empty": lambda x, r: torch.empty((case.m, case.n), dtype=torch.float16, device=device),
+              "alloc_new_empty": lambda x, r: r.new_empty((case.m, case.n)),
+              "stream": lambda x, r: driver.active.get_current_stream(device.index),
+              "floor": lambda x, r: small_run(torch.empty_like(r).data_ptr())}
     if "w_ptr" in held or "w_arg" in held:  # the split-K or stream-K kernel on bare addresses
         out = torch.empty_like(t.residual)
         o_ptr = out.data_ptr()
@@ -57,17 +65,27 @@ def pieces(module, case, device) -> dict:
         a_ptr, c_ptr = (held["a_ptr"], held["c_ptr"]) if kept else (o_ptr, o_ptr)
         args = (t.x.data_ptr(), words, held["s_ptr"], held["b_ptr"], t.residual.data_ptr(), o_ptr, a_ptr, c_ptr,
                 *held["tail"])
-        run = held["run"]
+        if "run" in held:  # a launch(*args) closure over the C entry
+            run = held["run"]
+        else:  # the C entry itself, called as entry(g0, g1, g2, stream, *rest, *args)
+            run = held["entry"]
+            stream = held["stream"]() if "stream" in held else driver.active.get_current_stream(device.index)
+            args = (held["g0"], held["g1"], held["g2"], stream, *held["rest"], *args)
         result["entry"] = lambda x, r: run(*args)
         result["_keep"] = (out, t)
+    if "encode" in held and "x_meta" in held:  # the warp-specialized call on pre-encoded descriptors
+        based = launch.Based(t.x, held["x_dims"], held["x_strides"], held["padding"])
+        encode, meta = held["encode"], held["x_meta"]
+        result["encode"] = lambda x, r: encode(based, meta)
     return result, [(t.x, t.residual)]
 
 
-def one_store_entry(launch, device) -> dict:
+def one_store_entry(device) -> dict:
     """The launcher's entry for a one-store kernel with one pointer argument: the entry's and the driver's fixed
     cost, through the same bare path as the family's calls."""
     import triton
     import triton.language as tl
+    from triton.runtime import driver
 
     @triton.jit
     def one_store(out_ptr):
@@ -75,11 +93,17 @@ def one_store_entry(launch, device) -> dict:
 
     probe = torch.empty(1, dtype=torch.float16, device=device)
     compiled = one_store.warmup(probe, grid=(1,))
-    # bare: the entry the families' calls take (v99's compiled_launcher asks for it, later ones always take it)
-    bare = {"bare": True} if "bare" in inspect.signature(launch.compiled_launcher).parameters else {}
-    run = launch.compiled_launcher(compiled, (1, 1, 1), device.index, **bare)
+    compiled._init_handles()
+    run = compiled.run
+    current_stream = driver.active.get_current_stream
+    rest = (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None, compiled.packed_metadata,
+            None, None, None)
+    entry, index = run.launch, device.index
+
+    def bare(ptr):  # the C entry, as CudaLauncher.__call__ calls it for a kernel without scratch
+        entry(1, 1, 1, current_stream(index), *rest, ptr)
     ptr = probe.data_ptr()
-    return {"entry": lambda x, r: run(ptr), "_keep": probe}
+    return {"entry": lambda x, r: bare(ptr), "_run": bare, "_keep": probe}
 
 
 def measure(callables: dict, inputs, device) -> dict:
@@ -99,8 +123,7 @@ def main(argv=None) -> int:
     device = torch.device("cuda", torch.cuda.current_device())
     cases = [c for c in TASK.cases("visible") if not args.cases or f"{c.m}x{c.k}x{c.n}" in args.cases]
     floors = bench.host_floors(device, (32, 8192), torch.float16)
-    first = load_solution(ROOT / args.solutions[0])
-    small = one_store_entry(sys.modules[first.__name__.rpartition(".")[0] + ".launch"], device)
+    small = one_store_entry(device)
     inputs = [(torch.empty(1, device=device), torch.empty(1, device=device))]
     floors["one_store_entry_us"] = measure(small, inputs, device)["entry"]
     print(f"floors: {json.dumps({k: round(v, 2) for k, v in floors.items()})}")
@@ -108,11 +131,14 @@ def main(argv=None) -> int:
     for solution in args.solutions:
         module = load_solution(ROOT / solution)
         for case in cases:
-            callables, inputs = pieces(module, case, device)
             row = {"solution": solution, "case": f"{case.m}x{case.k}x{case.n}",
                    "plan": {k: v for k, v in module.plan(case.m, case.k, case.n).items()
-                            if k in ("GRID", "SPLIT_K", "PROGRAMS", "WS", "PREDICTED_US")},
-                   **{f"{k}_us": v for k, v in measure(callables, inputs, device).items()}}
+                            if k in ("GRID", "SPLIT_K", "PROGRAMS", "WS", "PREDICTED_US")}}
+            try:
+                callables, inputs = pieces(module, case, device, small["_run"])
+                row.update({f"{k}_us": v for k, v in measure(callables, inputs, device).items()})
+            except Exception as error:  # noqa: BLE001 - one solution's failure must not cost the others' rows
+                row["error"] = f"{type(error).__name__}: {error}"
             rows.append(row)
             print(json.dumps(row))
             torch.cuda.empty_cache()
