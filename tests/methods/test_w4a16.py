@@ -733,6 +733,42 @@ def _stand_in_launcher(launched, grid=(1, 1, 1)):
     return entry, rest, lambda: stream
 
 
+def test_the_bare_launch_passes_the_entry_what_triton_s_own_launcher_would(monkeypatch):
+    """``compiled_launcher``'s (entry, rest, stream) against triton 3.6's ``CudaLauncher.__call__`` (what
+    ``CompiledKernel[grid](*args)`` reaches without launch hooks): the C entry gets the same arguments in the same
+    order, so a triton that changes them fails here, not on a GPU. With scratch to allocate the launcher object itself
+    takes the call; without a compiled module's handles the public ``kernel[grid]`` path."""
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    through_triton, bare = [], []
+    stream = 77
+    monkeypatch.setattr(LAUNCH, "current_stream", lambda index: (lambda: stream))
+    run = types.SimpleNamespace(global_scratch_size=0, global_scratch_align=1, profile_scratch_size=0,
+                                profile_scratch_align=1, num_ctas=1, launch_cooperative_grid=False, launch_pdl=True,
+                                launch=lambda *args: bare.append(args))
+    kernel = types.SimpleNamespace(_init_handles=lambda: None, run=run, function=0xF00, packed_metadata=(4, 1, 0))
+    entry, rest, stream_of = LAUNCH.compiled_launcher(kernel, (5, 6, 7), 0)
+    kernel_args = (11, 12, 13, 2, "constexpr")
+    entry(5, 6, 7, stream_of(), *rest, *kernel_args)
+    triton_self = types.SimpleNamespace(**{**vars(run), "launch": lambda *args: through_triton.append(args)})
+    # CompiledKernel.__getitem__'s runner: grid, stream, function, packed metadata, launch metadata, enter and exit
+    # hooks (None without hooks), then the kernel's arguments
+    CudaLauncher.__call__(triton_self, 5, 6, 7, stream, kernel.function, kernel.packed_metadata, None, None, None,
+                          *kernel_args)
+    assert bare == through_triton and len(bare[0]) == 13 + len(kernel_args)
+    scratch = types.SimpleNamespace(**{**vars(run), "global_scratch_size": 64})
+    entry, rest, _ = LAUNCH.compiled_launcher(types.SimpleNamespace(**{**vars(kernel), "run": scratch}), (1, 1, 1), 0)
+    assert entry is scratch and rest == (kernel.function, kernel.packed_metadata, None, None, None)
+    public = []
+
+    class Uncompiled:  # no _init_handles: another triton
+        def __getitem__(self, grid):
+            return lambda *args: public.append((grid, args))
+    entry, rest, stream_of = LAUNCH.compiled_launcher(Uncompiled(), (3, 1, 1), 0)
+    entry(3, 1, 1, stream_of(), *rest, *kernel_args)
+    assert public == [((3, 1, 1), kernel_args)]
+
+
 def test_a_bare_address_launch_keeps_the_accumulator_behind_its_addresses_alive():
     """The lean host path passes integer addresses: the call itself must hold the accumulator and counters they point
     into, or the caching allocator hands that memory to someone else while the kernel still adds into it."""
@@ -756,13 +792,14 @@ def test_the_lean_guard_launches_only_what_the_kernel_assumes_and_hands_the_rest
     aligned x and residual of its M's shapes on its device; any other argument goes to the full check first (a fit
     copy, or a clear error), never to the kernel as it is. A stand-in device index (-1, what a CPU tensor reports)
     lets this run here."""
-    launched, checked = [], []
+    launched, checked, copies = [], [], []
 
     def check(x, residual):
         checked.append((x, residual))
-        if not isinstance(residual, torch.Tensor) or x.dtype != torch.float16:
+        if not isinstance(residual, torch.Tensor) or x.dtype != torch.float16 or x.layout != torch.strided:
             raise ValueError("the full check's error")
-        return x.contiguous().clone(), residual.contiguous().clone()
+        copies.append((x.contiguous().clone(), residual.contiguous().clone()))
+        return copies[-1]
 
     weights = (torch.zeros(4, 64, dtype=torch.int32), torch.zeros(1, 64, dtype=torch.float16),
                torch.zeros(64, dtype=torch.float16))
@@ -778,8 +815,11 @@ def test_the_lean_guard_launches_only_what_the_kernel_assumes_and_hands_the_rest
                          (unaligned, residual), (torch.zeros(3, 32, dtype=torch.float16), residual)):
         count = len(launched)
         call(bad_x, bad_r)
-        assert checked[-1][0] is bad_x and launched[-1][0] != bad_x.data_ptr() and len(launched) == count + 1
-    for bad_x, bad_r in ((x.float(), residual), (x, None)):  # the full check's error, and nothing launched
+        assert checked[-1][0] is bad_x and len(launched) == count + 1
+        # the launch takes the checked copies' addresses, never the arguments' own
+        assert (launched[-1][0], launched[-1][4]) == (copies[-1][0].data_ptr(), copies[-1][1].data_ptr())
+    # the full check's error, and nothing launched; a tensor without storage (sparse) reaches the full check too
+    for bad_x, bad_r in ((x.float(), residual), (x, None), (x.to_sparse(), residual)):
         count = len(launched)
         with pytest.raises(ValueError, match="the full check's error"):
             call(bad_x, bad_r)

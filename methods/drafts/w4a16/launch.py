@@ -234,17 +234,17 @@ def interpreted_call(kernel, grid, options, out_shape, weights, kept, tail, chec
 def fit_pointers(x, residual, x_shape, out_shape, device_index):
     """x's and residual's addresses where both are what the compiled kernel assumes (fp16, the call's shapes,
     contiguous, on the device, 16-byte aligned: the copy engine's alignment too), else None; a few attribute reads,
-    each address read once, cheaper than the full check."""
+    each address read once (and only of tensors that passed the rest), cheaper than the full check."""
     f16 = torch.float16
     try:
-        x_ptr, r_ptr = x.data_ptr(), residual.data_ptr()
-        if (x.dtype is f16 and residual.dtype is f16 and x.shape == x_shape and residual.shape == out_shape
+        if not (x.dtype is f16 and residual.dtype is f16 and x.shape == x_shape and residual.shape == out_shape
                 and x.is_contiguous() and residual.is_contiguous() and x.get_device() == device_index
-                and residual.get_device() == device_index and not (x_ptr | r_ptr) & 15):
-            return x_ptr, r_ptr
+                and residual.get_device() == device_index):
+            return None
+        x_ptr, r_ptr = x.data_ptr(), residual.data_ptr()
     except AttributeError:  # not a tensor: the full check says what it is
-        pass
-    return None
+        return None
+    return None if (x_ptr | r_ptr) & 15 else (x_ptr, r_ptr)
 
 
 def address_call(launcher, grid, x_shape, out_shape, device, weights, kept, tail, check):

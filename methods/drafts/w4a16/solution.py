@@ -125,7 +125,7 @@ TIERS = [
     {"N_MIN": 16384, "N_MAX": 1 << 40, "K_MIN": 128, "K_MAX": 1 << 40, "MIN_PROGRAMS": 528, "num_stages": 3},
     # the expert-batch widths: a floor of 25 us and the WS loop only from 45 us, a margin over their host cost (at
     # 16 three plans spread past the 1.15 gate, h200-host-margin; the floor's stream-K grids at 22 ran 19-22 us
-    # against a slow host's 16-18 us and spread up to 1.197, at 25 21-24 us and up to 1.119, h200-host-path)
+    # against host costs up to 16-18 us and spread up to 1.197, at 25 21-24 us and up to 1.119, h200-host-path)
     {"N_MIN": 1, "N_MAX": 4095, "K_MIN": 128, "K_MAX": 1 << 40, "DEVICE_BOUND_US": 25, "WS_MIN_US": 45},
 ]
 
