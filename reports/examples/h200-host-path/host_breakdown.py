@@ -6,13 +6,14 @@ issues the calls, so no piece waits on the GPU. The pieces of the lean host path
              (``fits``, or ``fit_pointers``, which also returns the two addresses)
     alloc    torch.empty_like(residual): the fresh output (beside it torch.empty and residual.new_empty)
     stream   the current stream's handle (triton's driver)
-    entry    the launcher's C entry with the call's arguments prepared once (argument parsing and cuLaunchKernel)
+    entry    the launch with the call's arguments prepared once, the stream read per launch as a call reads it
+             (argument parsing and cuLaunchKernelEx, behind the solution's own launch closure where it has one)
     encode   x's tensor descriptor encoded (the warp-specialized plans' calls only)
     call     the whole call, as the verifier's host probe sees it
 beside two floors: ``entry`` of a one-store kernel with a single pointer (the driver's launch and the entry's fixed
 cost), ``floor``: the least a call can cost under the contract and the source policy (a fresh output, then that
-entry: no guard, no Python of ours), and bench's compiled-launch floor (torch.empty + a launch through
-CompiledKernel[grid]).
+entry: no guard, only the two Python frames that reach it), and bench's compiled-launch floor (torch.empty + a
+launch through CompiledKernel[grid]).
 
 Usage: python3 reports/examples/h200-host-path/host_breakdown.py [--solutions methods/main methods/drafts/w4a16]
            [--cases 18x8192x1024 ...] [--json OUT]
@@ -67,11 +68,12 @@ def pieces(module, case, device, small_run) -> dict:
                 *held["tail"])
         if "run" in held:  # a launch(*args) closure over the C entry
             run = held["run"]
-        else:  # the C entry itself, called as entry(g0, g1, g2, stream, *rest, *args)
-            run = held["entry"]
-            stream = held["stream"]() if "stream" in held else driver.active.get_current_stream(device.index)
-            args = (held["g0"], held["g1"], held["g2"], stream, *held["rest"], *args)
-        result["entry"] = lambda x, r: run(*args)
+            result["entry"] = lambda x, r: run(*args)
+        else:  # the C entry itself, called as entry(g0, g1, g2, stream(), *rest, *args)
+            entry, grid, rest = held["entry"], (held["g0"], held["g1"], held["g2"]), held["rest"]
+            index = device.index
+            stream = held.get("stream") or (lambda: driver.active.get_current_stream(index))
+            result["entry"] = lambda x, r: entry(*grid, stream(), *rest, *args)
         result["_keep"] = (out, t)
     if "encode" in held and "x_meta" in held:  # the warp-specialized call on pre-encoded descriptors
         based = launch.Based(t.x, held["x_dims"], held["x_strides"], held["padding"])
