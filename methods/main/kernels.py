@@ -17,9 +17,11 @@ def _epilogue(z, r_ptr, out_ptr, io, mask, ACTIVATION: tl.constexpr):
     """out[io] = act(z) + residual[io] in fp16, z the fp32 sum with the bias added."""
     if ACTIVATION == 0:  # silu
         y = z * tl.sigmoid(z)
-    else:  # gelu_tanh: 0.5 z (1 + tanh(a)) == z * sigmoid(2a)
+    elif ACTIVATION == 1:  # gelu_tanh: 0.5 z (1 + tanh(a)) == z * sigmoid(2a)
         inner = 0.7978845608028654 * (z + 0.044715 * z * z * z)
         y = z * tl.sigmoid(2.0 * inner)
+    else:  # identity: a plain linear layer (outside the scored contract; evals/e2e.py serves models with it)
+        y = z
     residual = tl.load(r_ptr + io, mask=mask, other=0.0)
     tl.store(out_ptr + io, (y + residual.to(tl.float32)).to(tl.float16), mask=mask)
 
@@ -110,21 +112,27 @@ def _unpack_words(words, DEQUANT: tl.constexpr):
 
 
 @triton.jit
+def _operand_tile(words, DEQUANT: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+    """A step's [BLOCK_SIZE_N, 16] words -> the [BLOCK_SIZE_N, BLOCK_SIZE_K] fp16 tile of code - 8, columns in k order.
+
+    Word 4t + q, nibble 4 e0 + 2 e1 + c1 holds the group's k = 32q + 16 c1 + 8 e1 + 2t + e0 (pack.py). In the wgmma
+    operand layout lane t of each quad holds columns 2t + e0 + 8 e1 + 16 c of its two rows, so the unpacked words
+    already sit there, each f16x2 pair of the dequant one operand register: no trip through shared memory.
+    """
+    w = _unpack_words(words, DEQUANT)  # [BLOCK_SIZE_N, 16, 8]
+    w = tl.permute(tl.reshape(w, (BLOCK_SIZE_N, 4, 4, 2, 2, 2)), (0, 2, 5, 4, 1, 3))
+    return tl.reshape(w, (BLOCK_SIZE_N, BLOCK_SIZE_K))
+
+
+@triton.jit
 def _tile_partial(x_ptr, q_ptr, s_ptr, rows, mask_m, offs_n, pid_n, g_start, g_end, N, K,
-                  SCALE_AFTER_DOT: tl.constexpr, DEQUANT: tl.constexpr, SCALE_LOAD: tl.constexpr,
-                  WEIGHT_TMA: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
-                  BLOCK_SIZE_K: tl.constexpr):
+                  SCALE_AFTER_DOT: tl.constexpr, DEQUANT: tl.constexpr, BLOCK_SIZE_M: tl.constexpr,
+                  BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
     """acc[n, m] = sum over groups [g_start, g_end) of W[k, n] x[m, k] in fp32: one tile's share of the product.
 
-    The compiler's pipeline streams the words and x through shared memory ``num_stages`` steps ahead, but a row of
-    scales (2 bytes per thread) is too narrow for its asynchronous copies: SCALE_LOAD 0 loads it at the step that
-    uses it (the other programs on the SM hide most of that latency: on the H200 SCALE_LOAD 1 was no faster, though a
-    loop without the load ran 1.05-1.13x faster: reports/examples/h200-weight-stream). SCALE_LOAD 1
-    loads each step's row one step early into registers (the last group's row stands in past the range).
-    SCALE_LOAD 2 loads the row as fp16 pairs in 32-bit words, which the pipeline streams with the words where the
-    scales feed the dot (SCALE_AFTER_DOT 0); after the dot they are a plain load again. WEIGHT_TMA 1 reads the words
-    through a tensor descriptor (``q_ptr``: the blocks as [tiles * groups * BLOCK_SIZE_N, 16] words), so the copy
-    engine moves each block into shared memory.
+    The compiler's pipeline streams the words and x ``num_stages`` steps ahead; a row of scales (2 bytes a thread) is
+    too narrow for its asynchronous copies, so each step loads its own (loading it a step early was no faster on the
+    H200: reports/examples/h200-weight-stream).
     """
     WORDS: tl.constexpr = BLOCK_SIZE_K // 8
     groups = K // BLOCK_SIZE_K
@@ -132,44 +140,16 @@ def _tile_partial(x_ptr, q_ptr, s_ptr, rows, mask_m, offs_n, pid_n, g_start, g_e
     s_ptrs = s_ptr + g_start * N + offs_n
     xt_ptrs = x_ptr + rows[None, :] * K + (g_start * BLOCK_SIZE_K + offs_k)[:, None]
     # the (N tile, group) blocks are contiguous, in that order: one block per step
-    if WEIGHT_TMA:
-        q_row = (pid_n * groups + g_start) * BLOCK_SIZE_N
-    else:
-        block = (pid_n.to(tl.int64) * groups + g_start) * (BLOCK_SIZE_N * WORDS)
-        q_ptrs = q_ptr + block + tl.arange(0, BLOCK_SIZE_N)[:, None] * WORDS + tl.arange(0, WORDS)[None, :]
+    block = (pid_n.to(tl.int64) * groups + g_start) * (BLOCK_SIZE_N * WORDS)
+    q_ptrs = q_ptr + block + tl.arange(0, BLOCK_SIZE_N)[:, None] * WORDS + tl.arange(0, WORDS)[None, :]
     acc = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_M), dtype=tl.float32)
-    if SCALE_LOAD == 1:
-        last = g_end - 1
-        scale_next = tl.load(s_ptrs)  # the first step's row
-    if SCALE_LOAD == 2:  # the row as BLOCK_SIZE_N // 2 words of two fp16 scales (build keeps scales 16-byte aligned)
-        pair_ptrs = s_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + (g_start * N + pid_n * BLOCK_SIZE_N) // 2 \
-            + tl.arange(0, BLOCK_SIZE_N // 2)
     for g in range(g_start, g_end):
-        if SCALE_LOAD == 1:
-            scale = scale_next
-            scale_next = tl.load(s_ptr + tl.minimum(g + 1, last) * N + offs_n)
-        elif SCALE_LOAD == 2:
-            pairs = tl.load(pair_ptrs)
-            pair_ptrs += N // 2
-            halves = tl.join((pairs & 0xFFFF).to(tl.int16), (pairs >> 16).to(tl.int16))
-            scale = tl.reshape(halves, (BLOCK_SIZE_N,)).to(tl.float16, bitcast=True)
         xt = tl.load(xt_ptrs, mask=mask_m[None, :], other=0.0)
-        if WEIGHT_TMA:
-            words = q_ptr.load([q_row, 0])
-            q_row += BLOCK_SIZE_N
-        else:
-            words = tl.load(q_ptrs)
-            q_ptrs += BLOCK_SIZE_N * WORDS
-        w = _unpack_words(words, DEQUANT)  # [BLOCK_SIZE_N, 16, 8]
-        # word 4t + q, nibble 4 e0 + 2 e1 + c1 holds the group's k = 32q + 16 c1 + 8 e1 + 2t + e0 (pack.py): put the
-        # nibbles in k order, the tile's columns. In the wgmma operand layout lane t of each quad holds columns
-        # 2t + e0 + 8 e1 + 16 c of its two rows, so the unpacked words already sit there, each f16x2 pair of the
-        # dequant one operand register: no trip through shared memory.
-        w = tl.permute(tl.reshape(w, (BLOCK_SIZE_N, 4, 4, 2, 2, 2)), (0, 2, 5, 4, 1, 3))
-        w = tl.reshape(w, (BLOCK_SIZE_N, BLOCK_SIZE_K))
-        if SCALE_LOAD == 0:
-            scale = tl.load(s_ptrs)
-            s_ptrs += N
+        words = tl.load(q_ptrs)
+        q_ptrs += BLOCK_SIZE_N * WORDS
+        w = _operand_tile(words, DEQUANT, BLOCK_SIZE_N, BLOCK_SIZE_K)
+        scale = tl.load(s_ptrs)
+        s_ptrs += N
         if SCALE_AFTER_DOT:  # exact products of integer-valued weights, scaled in fp32
             acc += tl.dot(w, xt) * scale.to(tl.float32)[:, None]
         else:  # a scaled fp16 tile (exact for 7-bit scales), one fused dot
@@ -209,7 +189,6 @@ def w4a16_splitk_kernel(
     M, N, K,
     # meta-parameters
     ACTIVATION: tl.constexpr, SPLIT_K: tl.constexpr, SCALE_AFTER_DOT: tl.constexpr, DEQUANT: tl.constexpr,
-    SCALE_LOAD: tl.constexpr, WEIGHT_TMA: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
 ):
     """GRID 0: one program per (tile, split). Split s covers groups [s*G // S, (s+1)*G // S); with SPLIT_K 1 the
@@ -234,7 +213,7 @@ def w4a16_splitk_kernel(
     offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
     # the K loop
     acc = _tile_partial(x_ptr, q_ptr, s_ptr, rows, mask_m, offs_n, pid_n, g_start, g_end, N, K, SCALE_AFTER_DOT,
-                        DEQUANT, SCALE_LOAD, WEIGHT_TMA, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+                        DEQUANT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
     # epilogue: the output's element (m, n) is acc[n, m]
     io = rows[None, :] * N + offs_n[:, None]
     mask = mask_m[None, :]
@@ -249,8 +228,8 @@ def w4a16_splitk_kernel(
 def w4a16_stream_kernel(
     x_ptr, q_ptr, s_ptr, b_ptr, r_ptr, out_ptr, acc_ptr, cnt_ptr,
     M, N, K,
-    ACTIVATION: tl.constexpr, SCALE_AFTER_DOT: tl.constexpr, DEQUANT: tl.constexpr, SCALE_LOAD: tl.constexpr,
-    WEIGHT_TMA: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    ACTIVATION: tl.constexpr, SCALE_AFTER_DOT: tl.constexpr, DEQUANT: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
 ):
     """GRID 1 (stream-K): the (tile, group) steps in tile-major order, split evenly over a fixed grid, so every
     program does the same number of group steps whatever the tile count (no partial last wave). A program walks its
@@ -274,7 +253,7 @@ def w4a16_stream_kernel(
         rows = offs_m.to(tl.int64)
         offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
         acc = _tile_partial(x_ptr, q_ptr, s_ptr, rows, mask_m, offs_n, pid_n, g_start, g_end, N, K, SCALE_AFTER_DOT,
-                            DEQUANT, SCALE_LOAD, WEIGHT_TMA, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+                            DEQUANT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
         io = rows[None, :] * N + offs_n[:, None]  # the output's element (m, n) is acc[n, m]
         mask = mask_m[None, :]
         bias = tl.load(b_ptr + offs_n).to(tl.float32)[:, None]

@@ -1,16 +1,18 @@
 """The host path: one call per M, built once from the plan, that allocates the output and launches one kernel.
 
 On CUDA the kernel is compiled for the M at its first call (``warmup`` specializes on the real arguments: 16-byte
-aligned pointers, M's divisibility by 16) and later calls go straight through the compiled kernel's launcher on the
-current stream. The launcher of triton 3.6 takes every kernel parameter in declaration order, constexpr ones included
-(their values are parsed and ignored), exactly as ``JITFunction.run`` passes them. Elsewhere (the CPU interpreter)
-a call is the normal ``kernel[grid](...)`` dispatch.
+aligned pointers, M's divisibility by 16) and later calls go straight to the C entry of the compiled kernel's launcher
+on the current stream (``compiled_launcher``). The launcher of triton 3.6 takes every kernel parameter in declaration
+order, constexpr ones included (their values are parsed and ignored), exactly as ``JITFunction.run`` passes them.
+Elsewhere (the CPU interpreter) a call is the normal ``kernel[grid](...)`` dispatch. Where a call's host time goes,
+and the least the contract allows (a fresh output and one launch): reports/examples/h200-host-path.
 """
+import functools
+
 import torch
 import triton
 from triton.runtime import driver
 from triton.runtime.jit import JITFunction
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .kernels import w4a16_splitk_kernel, w4a16_stream_kernel
 from .ws import shared_layouts, w4a16_ws_kernel, words_layout
@@ -33,48 +35,38 @@ def make_call(cfg, M, K, N, activation, weights, x, residual, check):
     # split-K kernel below runs the plan
     if cfg["WS"] and compiled and torch.cuda.get_device_capability(device)[0] == 9:
         return ws_call(cfg, M, K, N, activation, weights, kept, x, residual, check)
-    if cfg["WEIGHT_TMA"]:  # the words through the copy engine: a descriptor of their blocks, a row per column
-        row = cfg["BLOCK_SIZE_K"] // 8
-        words = weights[0].view(-1, row)
-        weights = (TensorDescriptor(words, list(words.shape), [row, 1], [cfg["BLOCK_SIZE_N"], row]), *weights[1:])
     dequant = cfg["DEQUANT"] if compiled else 1  # inline PTX needs a compiled kernel: the interpreter runs pure Triton
     blocks = (cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"])
     if stream:
-        kernel, tail = w4a16_stream_kernel, (M, N, K, activation, cfg["SCALE_AFTER_DOT"], dequant, cfg["SCALE_LOAD"],
-                                         cfg["WEIGHT_TMA"], *blocks)
+        kernel, tail = w4a16_stream_kernel, (M, N, K, activation, cfg["SCALE_AFTER_DOT"], dequant, *blocks)
         grid = (max(1, cfg["PROGRAMS"]), 1, 1)  # PROGRAMS 0: set below from what the compiled kernel fits at once
     else:
         kernel = w4a16_splitk_kernel
-        tail = (M, N, K, activation, cfg["SPLIT_K"], cfg["SCALE_AFTER_DOT"], dequant, cfg["SCALE_LOAD"],
-                cfg["WEIGHT_TMA"], *blocks)
+        tail = (M, N, K, activation, cfg["SPLIT_K"], cfg["SCALE_AFTER_DOT"], dequant, *blocks)
         grid = (tiles, cfg["SPLIT_K"], 1)
     options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     if cfg["MAXNREG"]:
         options["maxnreg"] = cfg["MAXNREG"]
-    out_shape = (M, N)
     if not compiled:
-        return interpreted_call(kernel, grid, options, out_shape, weights, kept, tail, check)
-    out = torch.empty(out_shape, dtype=torch.float16, device=device)
+        return interpreted_call(kernel, grid, options, (M, N), weights, kept, tail, check)
+    out = torch.empty((M, N), dtype=torch.float16, device=device)
     accumulator, counters = kept or (out, out)
     # warmup compiles without launching: the accumulator and the counters stay at zero
     compiled_kernel = kernel.warmup(x, *weights, residual, out, accumulator, counters, *tail, grid=grid, **options)
-    device_index = device.index
     if stream and cfg["PROGRAMS"] <= 0:
         steps = tiles * (K // cfg["BLOCK_SIZE_K"])
-        grid = (min(steps, resident_programs(compiled_kernel, cfg["num_warps"], device_index)), 1, 1)
-    bare = cfg["LAUNCH"] == 2
-    run = compiled_launcher(compiled_kernel, grid, device_index, bare=bare)
-    if bare:
-        return address_call(run, (M, K), out_shape, device, weights, kept, tail, check)
-    return tensor_call(run, out_shape, device, weights, kept, tail, check)
+        grid = (min(steps, resident_programs(compiled_kernel, cfg["num_warps"], device.index)), 1, 1)
+    launcher = compiled_launcher(compiled_kernel, grid, device.index)
+    return address_call(launcher, grid, (M, K), (M, N), device, weights, kept, tail, check)
 
 
 def ws_call(cfg, M, K, N, activation, weights, kept, x, residual, check):
-    """WS 1 on compiled CUDA (Hopper): ``ws.w4a16_ws_kernel`` with the plan's split, on LAUNCH 2's lean host path
-    (``fits`` instead of the full check, integer addresses). The descriptors of the words and the scales are made
-    once, here; x's on each call, as a ``Based`` (no checks: ``fits`` or ``check`` has made x what it needs). Triton's
-    launcher encodes every descriptor on every call; with WS_LAUNCH 1 a launcher made for encoded arguments takes the
-    words' and the scales' encoded once (``encoded_launcher``)."""
+    """WS 1 on compiled CUDA (Hopper): ``ws.w4a16_ws_kernel`` with the plan's split, on the lean host path
+    (``fit_pointers`` instead of the full check, integer addresses). The descriptors of the words and the scales are
+    made and encoded once, here; x's on each call, as a ``Based`` (no checks: ``fit_pointers`` or ``check`` has made
+    x what it needs). Triton's own launcher encodes every descriptor on every call (``descriptor_call``, where
+    ``encoded_launcher`` cannot make one for the encoded arguments; 17.8-36.9 us of host a call against 13.8-23.4:
+    reports/examples/h200-host-margin)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as Descriptor
     words, scales, bias = weights
     block_m, block_n, block_k = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
@@ -95,56 +87,64 @@ def ws_call(cfg, M, K, N, activation, weights, kept, x, residual, check):
     compiled_kernel = w4a16_ws_kernel.warmup(q_desc, x_desc, s_desc, bias, residual, out, accumulator, counters, M, N,
                                              K, grid=grid, **constants, **options)
     tail = (M, N, K, *constants.values())
-    if cfg["WS_LAUNCH"] == 1:
-        encoded = encoded_launcher(compiled_kernel, grid, device.index)
-        if encoded is not None:
-            return encoded_call(*encoded, (q_desc, x_desc, s_desc), (M, K), (M, N), device, bias, kept, tail, check)
-    run = compiled_launcher(compiled_kernel, grid, device.index, bare=True)
-    return descriptor_call(run, (q_desc, x_desc, s_desc), (M, K), (M, N), device, bias, kept, tail, check)
+    encoded = encoded_launcher(compiled_kernel, device.index)
+    if encoded is not None:
+        return encoded_call(*encoded, grid, (q_desc, x_desc, s_desc), (M, K), (M, N), device, bias, kept, tail, check)
+    launcher = compiled_launcher(compiled_kernel, grid, device.index)
+    return descriptor_call(launcher, grid, (q_desc, x_desc, s_desc), (M, K), (M, N), device, bias, kept, tail, check)
 
 
-def descriptor_call(run, descriptors, x_shape, out_shape, device, bias, kept, tail, check):
-    """The warp-specialized kernel's call: LAUNCH 2's guard and bare addresses, with the words', x's and the scales'
-    descriptors first. x's descriptor is made for each call (a ``Based`` with the shape, strides and padding of the
-    one the kernel was compiled for), so nothing holds a caller's x after its call and concurrent calls never share
-    one; the call holds the accumulator and counters behind their addresses, as ``address_call`` does."""
+def descriptor_call(launcher, grid, descriptors, x_shape, out_shape, device, bias, kept, tail, check):
+    """The warp-specialized kernel's call through triton's own launcher: ``address_call``'s guard and bare addresses,
+    with the words', x's and the scales' descriptors first. x's descriptor is made for each call (a ``Based`` with
+    the shape, strides and padding of the one the kernel was compiled for), so nothing holds a caller's x after its
+    call and concurrent calls never share one; the call holds the accumulator and counters behind their addresses,
+    as ``address_call`` does."""
     q_desc, x_desc, s_desc = descriptors
     x_dims, x_strides, padding = list(x_desc.shape), list(x_desc.strides), x_desc.padding
     b_ptr = bias.data_ptr()
     a_ptr, c_ptr = (kept[0].data_ptr(), kept[1].data_ptr()) if kept else (0, 0)
     device_index = device.index
+    entry, rest, stream = launcher
+    g0, g1, g2 = grid
 
     def call(x, residual):
-        if not fits(x, residual, x_shape, out_shape, device_index):
+        ptrs = fit_pointers(x, residual, x_shape, out_shape, device_index)
+        if ptrs is None:
             x, residual = check(x, residual)
+            ptrs = x.data_ptr(), residual.data_ptr()
         out = torch.empty_like(residual)
         o_ptr = out.data_ptr()
-        run(q_desc, Based(x, x_dims, x_strides, padding), s_desc, b_ptr, residual.data_ptr(), o_ptr,
-            a_ptr if kept else o_ptr, c_ptr if kept else o_ptr, *tail)
+        entry(g0, g1, g2, stream(), *rest, q_desc, Based(x, x_dims, x_strides, padding), s_desc, b_ptr, ptrs[1], o_ptr,
+              a_ptr if kept else o_ptr, c_ptr if kept else o_ptr, *tail)
         return out
     return call
 
 
-def encoded_call(run, encode, metas, descriptors, x_shape, out_shape, device, bias, kept, tail, check):
-    """WS_LAUNCH 1: as ``descriptor_call``, but the words' and the scales' descriptors are encoded once, here (the
+def encoded_call(launcher, encode, metas, grid, descriptors, x_shape, out_shape, device, bias, kept, tail, check):
+    """As ``descriptor_call``, but the words' and the scales' descriptors are encoded once, here (the
     tensors behind them are build's and never move), and only x's on each call: ``encode(descriptor, meta)`` with
-    the i-th descriptor's ``metas[i]`` (what triton's launcher does for every descriptor on every call). ``run`` is
-    the launcher's C entry for the encoded arguments. The encoded maps hold bare addresses, as ``address_call``'s
-    do: build holds the words and the scales behind them."""
+    the i-th descriptor's ``metas[i]`` (what triton's launcher does for every descriptor on every call). ``launcher``
+    is the C entry for the encoded arguments (``encoded_launcher``). The encoded maps hold bare addresses, as
+    ``address_call``'s do: build holds the words and the scales behind them."""
     q_desc, x_desc, s_desc = descriptors
     q_args, s_args, x_meta = encode(q_desc, metas[0]), encode(s_desc, metas[2]), metas[1]
     x_dims, x_strides, padding = list(x_desc.shape), list(x_desc.strides), x_desc.padding
     b_ptr = bias.data_ptr()
     a_ptr, c_ptr = (kept[0].data_ptr(), kept[1].data_ptr()) if kept else (0, 0)
     device_index = device.index
+    entry, rest, stream = launcher
+    g0, g1, g2 = grid
 
     def call(x, residual):
-        if not fits(x, residual, x_shape, out_shape, device_index):
+        ptrs = fit_pointers(x, residual, x_shape, out_shape, device_index)
+        if ptrs is None:
             x, residual = check(x, residual)
+            ptrs = x.data_ptr(), residual.data_ptr()
         out = torch.empty_like(residual)
         o_ptr = out.data_ptr()
-        run(*q_args, *encode(Based(x, x_dims, x_strides, padding), x_meta), *s_args, b_ptr, residual.data_ptr(), o_ptr,
-            a_ptr if kept else o_ptr, c_ptr if kept else o_ptr, *tail)
+        entry(g0, g1, g2, stream(), *rest, *q_args, *encode(Based(x, x_dims, x_strides, padding), x_meta), *s_args,
+              b_ptr, ptrs[1], o_ptr, a_ptr if kept else o_ptr, c_ptr if kept else o_ptr, *tail)
         return out
     return call
 
@@ -176,12 +176,12 @@ class _EncodedSource:
         self.signature = dict(enumerate(signature))
 
 
-def encoded_launcher(kernel, grid, device_index):
-    """``(launch, encode, metas)`` for a compiled kernel with tensor descriptor parameters: ``launch(*args)`` calls the
-    C entry of a launcher made for the encoded arguments (the same source triton makes for the kernel, so the same
-    cached module); ``encode(descriptor, metas[i])`` gives the i-th descriptor's encoded arguments. None where that
-    cannot be made (another triton, a descriptor not on the copy engine, scratch to allocate): the caller takes the
-    normal path."""
+def encoded_launcher(kernel, device_index):
+    """``(launcher, encode, metas)`` for a compiled kernel with tensor descriptor parameters: ``launcher`` is
+    ``compiled_launcher``'s (entry, rest, stream) with the C entry of a launcher made for the encoded arguments (the
+    same source triton makes for the kernel, so the same cached module); ``encode(descriptor, metas[i])`` gives the
+    i-th descriptor's encoded arguments. None where that cannot be made (another triton, a descriptor not on the copy
+    engine, scratch to allocate): the caller takes the normal path."""
     try:
         from triton.backends.nvidia.driver import make_tensordesc_arg
     except ImportError:
@@ -199,21 +199,15 @@ def encoded_launcher(kernel, grid, device_index):
         launcher = driver.active.launcher_cls(_EncodedSource(src, signature), metadata._replace(tensordesc_meta=None))
     except (AttributeError, TypeError, KeyError, ValueError):  # another triton: the normal path
         return None
-    entry, function, packed = launcher.launch, kernel.function, kernel.packed_metadata
-    cooperative, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
-    current_stream = driver.active.get_current_stream
-    g0, g1, g2 = grid
-
-    def launch(*args):
-        entry(g0, g1, g2, current_stream(device_index), function, cooperative, pdl, None, None, packed, None, None,
-              None, *args)
-    return launch, make_tensordesc_arg, metas
+    rest = (kernel.function, launcher.launch_cooperative_grid, launcher.launch_pdl, None, None,
+            kernel.packed_metadata, None, None, None)
+    return (launcher.launch, rest, current_stream(device_index)), make_tensordesc_arg, metas
 
 
 class Based:
     """A tensor descriptor as triton 3.6's launcher reads it (base, shape, strides, padding) and nothing more: made
     per call for that call's x, where the kernel was compiled for a real descriptor of the same shape, strides,
-    block and layout, whose checks ``fits`` (or ``check``) stands in for."""
+    block and layout, whose checks ``fit_pointers`` (or ``check``) stands in for."""
     __slots__ = ("base", "shape", "strides", "padding")
 
     def __init__(self, base, shape, strides, padding):
@@ -237,98 +231,81 @@ def interpreted_call(kernel, grid, options, out_shape, weights, kept, tail, chec
     return call
 
 
-def tensor_call(run, out_shape, device, weights, kept, tail, check):
-    """LAUNCH 1: tensors through the compiled kernel's launcher, which asks each for data_ptr() and the driver for its
-    pointer attributes; every call checks its arguments in full."""
-    words, scales, bias = weights
-    f16 = torch.float16
-    if kept is None:  # SPLIT_K 1: the kernel never reads the accumulator and counter arguments
-        def call(x, residual):
-            x, residual = check(x, residual)
-            out = torch.empty(out_shape, dtype=f16, device=device)
-            run(x, words, scales, bias, residual, out, out, out, *tail)
-            return out
-        return call
-    accumulator, counters = kept
-
-    def call(x, residual):
-        x, residual = check(x, residual)
-        out = torch.empty(out_shape, dtype=f16, device=device)
-        run(x, words, scales, bias, residual, out, accumulator, counters, *tail)
-        return out
-    return call
-
-
-def fits(x, residual, x_shape, out_shape, device_index):
-    """Whether x and residual are what the compiled kernel assumes (fp16, the call's shapes, contiguous, on the
-    device, 16-byte aligned: the copy engine's alignment too); a few attribute reads, cheaper than the full check."""
+def fit_pointers(x, residual, x_shape, out_shape, device_index):
+    """x's and residual's addresses where both are what the compiled kernel assumes (fp16, the call's shapes,
+    contiguous, on the device, 16-byte aligned: the copy engine's alignment too), else None; a few attribute reads,
+    each address read once (and only of tensors that passed the rest), cheaper than the full check."""
     f16 = torch.float16
     try:
-        return not (x.dtype is not f16 or residual.dtype is not f16 or x.shape != x_shape
-                    or residual.shape != out_shape or not x.is_contiguous() or not residual.is_contiguous()
-                    or x.get_device() != device_index or residual.get_device() != device_index
-                    or (x.data_ptr() | residual.data_ptr()) & 15)
+        if not (x.dtype is f16 and residual.dtype is f16 and x.shape == x_shape and residual.shape == out_shape
+                and x.is_contiguous() and residual.is_contiguous() and x.get_device() == device_index
+                and residual.get_device() == device_index):
+            return None
+        x_ptr, r_ptr = x.data_ptr(), residual.data_ptr()
     except AttributeError:  # not a tensor: the full check says what it is
-        return False
+        return None
+    return None if (x_ptr | r_ptr) & 15 else (x_ptr, r_ptr)
 
 
-def address_call(run, x_shape, out_shape, device, weights, kept, tail, check):
-    """LAUNCH 2, the lean host path: integer addresses straight to the launcher's C entry, skipping a data_ptr() call
-    and a driver pointer query per tensor argument. The weights' and the accumulator's addresses are taken once, here:
-    build holds the weights, and this closure ``kept`` (it reads it on every call, so the tensors behind the addresses
-    live as long as the call); a descriptor of the words (WEIGHT_TMA) goes as it is, for the launcher to encode on
-    every call. A bare address says nothing of its tensor, so each call first asks ``fits``; where it says no,
-    ``check`` decides (a copy fit for the kernel, or a clear error)."""
-    w_arg, s_ptr, b_ptr = (w if isinstance(w, TensorDescriptor) else w.data_ptr() for w in weights)
+def address_call(launcher, grid, x_shape, out_shape, device, weights, kept, tail, check):
+    """The lean host path: integer addresses straight to the launcher's C entry (``compiled_launcher``), skipping a
+    data_ptr() call and a driver pointer query per tensor argument (4.5-6 us of host a call:
+    reports/examples/h200-stability). The weights' and the accumulator's addresses are taken once, here: build holds
+    the weights, and this closure ``kept`` (it reads it on every call, so the tensors behind the addresses live as
+    long as the call). A bare address says nothing of its tensor, so each call first asks ``fit_pointers``; where it
+    says no, ``check`` decides (a copy fit for the kernel, or a clear error)."""
+    w_ptr, s_ptr, b_ptr = (w.data_ptr() for w in weights)
     a_ptr, c_ptr = (kept[0].data_ptr(), kept[1].data_ptr()) if kept else (0, 0)
     device_index = device.index
+    entry, rest, stream = launcher
+    g0, g1, g2 = grid
 
     def call(x, residual):
-        if not fits(x, residual, x_shape, out_shape, device_index):
+        ptrs = fit_pointers(x, residual, x_shape, out_shape, device_index)
+        if ptrs is None:
             x, residual = check(x, residual)
+            ptrs = x.data_ptr(), residual.data_ptr()
         out = torch.empty_like(residual)  # (M, N) fp16 contiguous on the device: cheaper than torch.empty's arguments
         o_ptr = out.data_ptr()
-        run(x.data_ptr(), w_arg, s_ptr, b_ptr, residual.data_ptr(), o_ptr, a_ptr if kept else o_ptr,
-            c_ptr if kept else o_ptr, *tail)
+        entry(g0, g1, g2, stream(), *rest, ptrs[0], w_ptr, s_ptr, b_ptr, ptrs[1], o_ptr, a_ptr if kept else o_ptr,
+              c_ptr if kept else o_ptr, *tail)
         return out
     return call
 
 
-def compiled_launcher(kernel, grid, device_index, bare=False):
-    """``launch(*args)`` for a compiled kernel: its launcher called directly on the device's current stream.
+def compiled_launcher(kernel, grid, device_index):
+    """``(entry, rest, stream)`` for a compiled kernel: ``entry(g0, g1, g2, stream(), *rest, *args)`` launches it
+    with ``grid`` = (g0, g1, g2) on the device's current stream, ``args`` being every kernel parameter in order.
 
-    This is what ``CompiledKernel.__getitem__(grid)(*args)`` does in triton 3.6 without the per-call device query and
-    launch-hook lookups (so launch hooks, such as a profiler's, do not see these launches). With ``bare``, and when the
-    kernel needs no global or profile scratch, the launcher's entry is called without the wrapper that allocates it
-    (for a kernel with descriptor arguments that entry is still Python: it encodes each descriptor). Other triton
-    versions take the public path.
+    Where the kernel needs no global or profile scratch (triton 3.6), ``entry`` is the launcher's C entry itself and
+    ``rest`` what CudaLauncher.__call__ passes it (the function, the cooperative and PDL flags, no scratch, the packed
+    metadata, no hooks): no per-call device query or launch-hook lookup (so launch hooks, such as a profiler's, do not
+    see these launches), and for a kernel without descriptor parameters no Python between a call and the driver's
+    launch (with them the entry is triton's wrapper that encodes each descriptor). With scratch to allocate, the
+    launcher object; on other triton versions, the public ``kernel[grid]`` (which finds the stream itself).
     """
     if hasattr(kernel, "result"):
         kernel = kernel.result()
+    stream = current_stream(device_index)
     init = getattr(kernel, "_init_handles", None)
-    if init is None:
-        return kernel[grid]
-    init()  # loads the module and sets function and run
-    run = getattr(kernel, "run", None)
-    function = getattr(kernel, "function", None)
+    if init is not None:
+        init()  # loads the module and sets function and run
+    run, function = getattr(kernel, "run", None), getattr(kernel, "function", None)
     packed = getattr(kernel, "packed_metadata", None)
-    if run is None or function is None or packed is None:
-        return kernel[grid]
-    current_stream = driver.active.get_current_stream
-    g0, g1, g2 = grid
+    if init is None or run is None or function is None or packed is None:
+        public = kernel[grid]
+        return (lambda g0, g1, g2, stream, *args: public(*args)), (), stream
     entry = getattr(run, "launch", None)
-    no_scratch = getattr(run, "global_scratch_size", None) == 0 and getattr(run, "profile_scratch_size", None) == 0
-    if bare and entry is not None and no_scratch:
-        cooperative, pdl = run.launch_cooperative_grid, run.launch_pdl
+    if entry is not None and getattr(run, "global_scratch_size", None) == 0 \
+            and getattr(run, "profile_scratch_size", None) == 0:
+        return entry, (function, run.launch_cooperative_grid, run.launch_pdl, None, None, packed, None, None,
+                       None), stream
+    return run, (function, packed, None, None, None), stream
 
-        def launch(*args):  # the arguments CudaLauncher.__call__ passes when there is no scratch to allocate
-            entry(g0, g1, g2, current_stream(device_index), function, cooperative, pdl, None, None, packed, None, None,
-                  None, *args)
-        return launch
 
-    def launch(*args):
-        run(g0, g1, g2, current_stream(device_index), function, packed, None, None, None, *args)
-    return launch
+def current_stream(device_index):
+    """The device's current stream, as a call's launch reads it (a stream the caller set is the one launched on)."""
+    return functools.partial(driver.active.get_current_stream, device_index)
 
 
 def resident_programs(kernel, num_warps, device_index):

@@ -80,9 +80,11 @@ def _finish(z, r_ptr, out_ptr, io, mask, ACTIVATION: gl.constexpr):
     """out[io] = act(z) + residual[io] in fp16, z the fp32 sum with the bias added (kernels._epilogue)."""
     if ACTIVATION == 0:  # silu
         y = z / (1.0 + gl.exp(-z))
-    else:  # gelu_tanh: 0.5 z (1 + tanh(a)) == z * sigmoid(2a)
+    elif ACTIVATION == 1:  # gelu_tanh: 0.5 z (1 + tanh(a)) == z * sigmoid(2a)
         inner = 0.7978845608028654 * (z + 0.044715 * z * z * z)
         y = z / (1.0 + gl.exp(-2.0 * inner))
+    else:  # identity
+        y = z
     residual = gl.load(r_ptr + io, mask=mask, other=0.0)
     gl.store(out_ptr + io, (y + residual.to(gl.float32)).to(gl.float16), mask=mask)
 
