@@ -26,6 +26,8 @@ def pytest_collection_modifyitems(config, items):
 ROOT = Path(__file__).resolve().parent.parent
 REDTEAM = Path(__file__).resolve().parent / "redteam"
 TOY = ROOT / "tests" / "toy_task"
+# the W4A16 family under test: its draft while one differs from main (one copy otherwise), else main
+W4A16_FAMILY = next(p for p in (ROOT / "methods" / "drafts" / "w4a16", ROOT / "methods" / "main") if p.is_dir())
 # the toy task as the repository ships it: v0 and main, without whatever runs of it in this checkout recorded
 TOY_SHIPPED = shutil.ignore_patterns("__pycache__", "experiment_log.md", "index*.jsonl", ".lock", "v[1-9]*")
 sys.path.insert(0, str(ROOT))

@@ -15,7 +15,7 @@ from agent.proposers.offline import (NOT_MEASURED, OfflineProposer, failed_moves
 from agent.proposers.space import range_keys, read_space
 from tests.agent.test_tools import tools  # noqa: F401 (the fixture)
 from tests.agent.test_units import _sha, changes, mark_tried, propose
-from tests.conftest import ROOT
+from tests.conftest import ROOT, W4A16_FAMILY
 
 TOY = '''"""A toy solution: its own switches, its own space."""
 GROUP_SIZE = 64
@@ -222,7 +222,7 @@ def test_without_a_search_space_only_triton_launch_knobs_move(tools):  # noqa: F
 def test_what_a_table_decides_follows_the_shapes_as_plan_matches_them():
     """A tier covering part of a stratum decides only the shapes it holds (the first matching tier, as plan() picks
     it); the rest take the general table, so a new tier for the stratum may take that knob for them."""
-    family = (ROOT / "methods" / "drafts" / "w4a16" / "solution.py").read_text()
+    family = (W4A16_FAMILY / "solution.py").read_text()
     cases = [{"case": {"stratum": stratum, "n": n, "k": 8192}}
              for stratum, n in (("expert-batch", 1024), ("balanced", 8192), ("balanced", 28672))]
     expert = {"strata": {"balanced": 1.0, "expert-batch": 0.5}, "cases": cases}

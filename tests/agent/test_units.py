@@ -20,7 +20,7 @@ from agent.proposers.offline import OfflineProposer, find_table
 from agent.proposers.openai_chat import OpenAIConfig, OpenAIProposer, trim
 from agent.tools import Tools
 from tests.agent.test_tools import tools  # noqa: F401 (the fixture)
-from tests.conftest import ROOT
+from tests.conftest import ROOT, W4A16_FAMILY
 
 W4A16 = Task.load(ROOT)  # the task the offline tests' tables belong to (tiers key on n and k)
 
@@ -358,11 +358,11 @@ def test_offline_search_leaves_out_knobs_that_decide_nothing():
     assert not {("TIERS[0]", "REDUCE_MODE"), ("TIERS[0]", "MIN_PROGRAMS"), ("TIERS[1]", "MIN_PROGRAMS")} & moves
 
 
-def test_offline_search_reads_the_drafts_space_and_never_proposes_a_combination_it_refuses(tools):  # noqa: F811
+def test_offline_search_reads_the_familys_space_and_never_proposes_a_combination_it_refuses(tools):  # noqa: F811
     from agent.proposers.offline import NOT_MEASURED, find_tables, refused
     from agent.proposers.space import range_keys, read_space
 
-    draft = (ROOT / "methods" / "drafts" / "w4a16" / "solution.py").read_text()
+    draft = (W4A16_FAMILY / "solution.py").read_text()
     space, tables = read_space(draft, range_keys(W4A16.tier_dims)), find_tables(draft, W4A16)
     assert refused(tables, space) is None  # the draft holds no combination it refuses (if it declares any)
     launch = {k for k in space.knobs if k.startswith("BLOCK_SIZE_") or k in ("num_warps", "num_stages")}

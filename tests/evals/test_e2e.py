@@ -14,18 +14,19 @@ from evals import e2e
 from evals import e2e_model as em
 from evals import e2e_report
 from evals import kernel_harness as kh
-from tests.conftest import ROOT
+from evals.task import load
+from tests.conftest import ROOT, W4A16_FAMILY
 
 TINY = em.CONFIGS["tiny"]
 DEVICE = kh.select_device().device
-DRAFT = ROOT / "methods" / "drafts" / "w4a16"
+FAMILY = "w4a16 " + e2e.label(W4A16_FAMILY, load("w4a16"))  # "w4a16 main", or the draft's path while one differs
 V0 = ROOT / "methods" / "versions" / "v0"
 
 
 @pytest.fixture(scope="module")
 def report():
     """Every backend on the tiny config at batches 1 and 2 (v0 is the unservable W4A16 folder)."""
-    backends = e2e.select_backends(None, None, [str(V0), str(DRAFT)], None)
+    backends = e2e.select_backends(None, None, [str(V0), str(W4A16_FAMILY)], None)
     options = e2e.Options(TINY, "tiny", backends, [1, 2], prompt=4, checked=2, steps=8)
     lines = []
     return e2e.run(options, log=lines.append) | {"log": lines}
@@ -35,7 +36,7 @@ def rows_of(report, backend):
     return [r for r in report["rows"] if r["backend"] == backend]
 
 
-@pytest.mark.parametrize("backend", ["bf16", "tinygemm", "w4a16 methods/drafts/w4a16", "llgemm main"])
+@pytest.mark.parametrize("backend", ["bf16", "tinygemm", FAMILY, "llgemm main"])
 def test_every_servable_backend_computes_the_model(report, backend):
     """One step's logits at the last two prompt positions, per batch, within the bound of the dense model in the
     backend's dtype; the bound is above zero (the reference's own rounding) and far below the logits' size."""
@@ -68,7 +69,7 @@ def test_weight_bytes_follow_each_format(report):
     head = 2 * TINY.vocab * TINY.hidden
     by_backend = {r["backend"]: r["weight_gb"] * 1e9 for r in report["rows"] if r["weight_gb"]}
     assert by_backend["bf16"] == by_backend["llgemm main"] == 2 * weights + head
-    assert weights / 2 + head < by_backend["w4a16 methods/drafts/w4a16"] < by_backend["tinygemm"] < weights + head
+    assert weights / 2 + head < by_backend[FAMILY] < by_backend["tinygemm"] < weights + head
 
 
 def reference_and_exact(weights, tokens, dtype=torch.bfloat16):
@@ -174,12 +175,13 @@ def test_the_8b_shape_at_two_layers_on_cuda(tmp_path):
     """Every backend, batches 8 (LL-GEMM's own kernel) and 24 (the W4A16 task's scored range): correct, timed."""
     out = tmp_path / "e2e.json"
     run = subprocess.run([sys.executable, "-m", "evals.e2e", "--layers", "2", "--batches", "8,24", "--steps", "20",
-                          "--w4a16", str(V0), str(ROOT / "methods" / "main"), str(DRAFT), "--json", str(out)],
+                          "--w4a16", *dict.fromkeys(map(str, (V0, ROOT / "methods" / "main", W4A16_FAMILY))),
+                          "--json", str(out)],
                          cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout + run.stderr
     rows = json.loads(out.read_text())["rows"]
     timed = [r for r in rows if r["batch"] is not None]
-    assert {r["backend"] for r in timed} >= {"bf16", "tinygemm", "w4a16 methods/drafts/w4a16", "llgemm main"}
+    assert {r["backend"] for r in timed} >= {"bf16", "tinygemm", FAMILY, "llgemm main"}
     for r in timed:
         assert r["correct"] and r["error"] is None, r
         for key in ("tokens_per_s", "tpot_ms", "linear_ms", "linear_share", "gbps", "resident_gb"):

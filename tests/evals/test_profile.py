@@ -10,7 +10,7 @@ from evals import kernel_harness as kh
 from evals import power
 from evals.profile import CaseProfile, KernelLaunch, case_flop, format_ncu, label, ncu_kernel_filter, parse_ncu_raw
 from evals.task import Task, load
-from tests.conftest import ROOT
+from tests.conftest import ROOT, W4A16_FAMILY
 from tests.evals.test_power import CAPPED
 
 TASK = load("w4a16")
@@ -156,6 +156,6 @@ def test_the_ncu_kernel_filter_is_the_bare_function_name(name, want):
 
 @pytest.mark.parametrize("overrides, message", [("{DEQUANT: 3}", "is not JSON"), ("[3]", "must be a JSON object")])
 def test_bad_overrides_are_a_usage_error_that_shows_the_form(overrides, message):
-    run = subprocess.run([sys.executable, "-m", "evals.profile", "--solution", "methods/drafts/w4a16", "--panel",
+    run = subprocess.run([sys.executable, "-m", "evals.profile", "--solution", str(W4A16_FAMILY), "--panel",
                           "smoke", "--overrides", overrides], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and message in run.stderr and '{"num_warps": 8}' in run.stderr, run.stderr

@@ -12,9 +12,9 @@ import torch
 
 from evals import qualify, stability
 from evals.task import load
-from tests.conftest import ROOT
+from tests.conftest import ROOT, W4A16_FAMILY
 
-FAMILY = str(ROOT / "methods" / "drafts" / "w4a16")
+FAMILY = str(W4A16_FAMILY)
 TASK = load("w4a16")
 
 

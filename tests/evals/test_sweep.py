@@ -12,9 +12,9 @@ import torch
 from evals import sweep
 from evals import task as tasks
 from evals.loader import load_solution
-from tests.conftest import ROOT
+from tests.conftest import ROOT, W4A16_FAMILY
 
-FAMILY = str(ROOT / "methods" / "drafts" / "w4a16")
+FAMILY = str(W4A16_FAMILY)
 TASK = tasks.load("w4a16")
 
 

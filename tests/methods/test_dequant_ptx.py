@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from evals.loader import load_solution
-from tests.conftest import ROOT
+from tests.conftest import W4A16_FAMILY
 
-_FAMILY = load_solution(ROOT / "methods" / "drafts" / "w4a16")
+_FAMILY = load_solution(W4A16_FAMILY)
 KERNELS = sys.modules[_FAMILY.__name__.rpartition(".")[0] + ".kernels"]
 
 MASK32 = 0xFFFFFFFF

@@ -19,13 +19,12 @@ import torch
 from evals import kernel_harness as kh
 from evals.loader import load_solution
 from evals.task import load
-from tests.conftest import ROOT
+from tests.conftest import ROOT, W4A16_FAMILY
 
 TASK = load("w4a16")
 W4 = TASK.adapter  # the W4A16 task's encoding, cases, inputs and oracle
 
-DRAFT = ROOT / "methods" / "drafts" / "w4a16"
-FAMILY = DRAFT if DRAFT.is_dir() else ROOT / "methods" / "main"
+FAMILY = W4A16_FAMILY
 S = load_solution(FAMILY)
 PACK = sys.modules[S.__name__.rpartition(".")[0] + ".pack"]
 LAUNCH = sys.modules[S.__name__.rpartition(".")[0] + ".launch"]
