@@ -2,12 +2,12 @@
 # One H200 call (at most ~9 minutes): `python3 -m evals.e2e` (what `make e2e` runs) on the full Llama-3-8B shape,
 # every backend at batches 1, 8, 16, 24, 32, then the e2e GPU test. Every log, the JSON, the table and the plot go to
 # $OUT. Run from the repository root: OUT=<folder> bash reports/examples/e2e-decode/h200_call.sh
-# W4A16_DIRS: the W4A16 folders served (methods/main serves only once its ACTIVATIONS holds "identity"; until then
-# its row says it is not servable and the draft's row is the family's number).
+# W4A16_DIRS: the W4A16 folders served (v0 takes only the contract's epilogues: its row says it is not servable;
+# main holds the identity epilogue; add methods/drafts/w4a16 while a draft exists).
 set -u
 : "${OUT:?set OUT to the folder that receives the results}"
 export PYTHONUNBUFFERED=1
-W4A16_DIRS=${W4A16_DIRS:-"methods/versions/v0 methods/main methods/drafts/w4a16"}
+W4A16_DIRS=${W4A16_DIRS:-"methods/versions/v0 methods/main"}
 {
   nvidia-smi --query-gpu=name,power.limit,clocks.max.sm,memory.total --format=csv
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'

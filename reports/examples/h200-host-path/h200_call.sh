@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One H200 call (about 9 minutes): the floor plans qualified (FLOOR_GRID 1, a stream-K grid sized to the floor,
 # against 0, whole splits) on the visible expert-batch cases and on those of a sealed panel drawn here; where each
-# W4A16 call's host time goes (main and the draft, or SOLUTIONS, on the same host); the family's GPU tests.
+# W4A16 call's host time goes (main and v99, or SOLUTIONS, on the same host); the family's GPU tests (the draft's
+# while one exists, else main's: FAMILY).
 # PARTS picks among "qualify breakdown tests" (all by default); GRID the qualified plans; SEED the sealed panel.
 # Every log lands in $OUT. Run: bash reports/examples/h200-host-path/h200_call.sh (carry .whl for the loop's wheels).
 export PYTHONUNBUFFERED=1
@@ -11,7 +12,8 @@ nvidia-smi --query-gpu=name,power.limit,clocks.max.sm --format=csv > "$OUT/env.t
 git log --oneline -1 >> "$OUT/env.txt" 2>&1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl >> "$OUT/env.txt" 2>&1 \
   || echo "the carried wheels (.whl) did not install: see above" >> "$OUT/env.txt"
-SOLUTIONS=${SOLUTIONS:-"methods/main methods/drafts/w4a16"}  # main first: the others are compared with it
+SOLUTIONS=${SOLUTIONS:-"methods/main methods/versions/v99"}  # main first: the others are compared with it
+FAMILY=${FAMILY:-$( [ -d methods/drafts/w4a16 ] && echo methods/drafts/w4a16 || echo methods/main )}
 PARTS=${PARTS:-"qualify breakdown tests"}
 # the default grid: the floor's stream-K grid on its default loop, on the leaner loop, and v100's whole splits
 GRID=${GRID:-'[{}, {"DEQUANT": 3, "MAXNREG": 96}, {"FLOOR_GRID": 0}]'}
@@ -33,7 +35,7 @@ print(json.dumps(cases, indent=1))
 PY
   echo "$GRID" > /tmp/floor-grid.json
   if [ -s /tmp/expert.json ]; then  # else panels.txt says why; the other parts still run
-    timeout "${QUALIFY_S:-200}" python3 -m evals.qualify --solution methods/drafts/w4a16 --panel /tmp/expert.json \
+    timeout "${QUALIFY_S:-200}" python3 -m evals.qualify --solution "$FAMILY" --panel /tmp/expert.json \
       --grid /tmp/floor-grid.json --repeats 2 --schedules spec --json "$OUT/qualify-floor-grid.json" \
       > "$OUT/qualify-floor-grid.txt" 2>&1
     echo "qualify rc=$?" >> "$OUT/qualify-floor-grid.txt"

@@ -15,7 +15,7 @@ cost), ``floor``: the least a call can cost under the contract and the source po
 entry: no guard, only the two Python frames that reach it), and bench's compiled-launch floor (torch.empty + a
 launch through CompiledKernel[grid]).
 
-Usage: python3 reports/examples/h200-host-path/host_breakdown.py [--solutions methods/main methods/drafts/w4a16]
+Usage: python3 reports/examples/h200-host-path/host_breakdown.py [--solutions methods/main methods/versions/v99]
            [--cases 18x8192x1024 ...] [--json OUT]
 """
 import argparse
@@ -83,11 +83,10 @@ def pieces(module, case, device, small_run) -> dict:
 
 
 def one_store_entry(device) -> dict:
-    """The launcher's entry for a one-store kernel with one pointer argument: the entry's and the driver's fixed
-    cost, through the same bare path as the family's calls."""
+    """The launcher's entry for a one-store kernel with one pointer argument, reached as main's calls reach theirs
+    (its ``launch.compiled_launcher``): the entry's and the driver's fixed cost."""
     import triton
     import triton.language as tl
-    from triton.runtime import driver
 
     @triton.jit
     def one_store(out_ptr):
@@ -95,15 +94,12 @@ def one_store_entry(device) -> dict:
 
     probe = torch.empty(1, dtype=torch.float16, device=device)
     compiled = one_store.warmup(probe, grid=(1,))
-    compiled._init_handles()
-    run = compiled.run
-    current_stream = driver.active.get_current_stream
-    rest = (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None, compiled.packed_metadata,
-            None, None, None)
-    entry, index = run.launch, device.index
+    main = load_solution(ROOT / "methods" / "main")
+    launch = sys.modules[main.__name__.rpartition(".")[0] + ".launch"]
+    entry, rest, stream = launch.compiled_launcher(compiled, (1, 1, 1), device.index)
 
-    def bare(ptr):  # the C entry, as CudaLauncher.__call__ calls it for a kernel without scratch
-        entry(1, 1, 1, current_stream(index), *rest, ptr)
+    def bare(ptr):
+        entry(1, 1, 1, stream(), *rest, ptr)
     ptr = probe.data_ptr()
     return {"entry": lambda x, r: bare(ptr), "_run": bare, "_keep": probe}
 
@@ -115,7 +111,7 @@ def measure(callables: dict, inputs, device) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--solutions", nargs="+", default=["methods/main", "methods/drafts/w4a16"])
+    parser.add_argument("--solutions", nargs="+", default=["methods/main", "methods/versions/v99"])
     parser.add_argument("--cases", nargs="+", default=None, help="MxKxN (default: the visible panel)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
