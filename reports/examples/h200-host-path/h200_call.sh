@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One H200 call (about 9 minutes): the floor plans qualified (FLOOR_GRID 1, a stream-K grid sized to the floor,
 # against 0, whole splits) on the visible expert-batch cases and on those of a sealed panel drawn here; where each
-# W4A16 call's host time goes (main and v99, or SOLUTIONS, on the same host); the family's GPU tests (the draft's
-# while one exists, else main's: FAMILY).
+# W4A16 call's host time goes (main and v99, or SOLUTIONS, on the same host); the family's GPU tests. The floor
+# plans are qualified on FAMILY (the draft while one exists, else main); the tests pick it the same way (conftest).
 # PARTS picks among "qualify breakdown tests" (all by default); GRID the qualified plans; SEED the sealed panel.
 # Every log lands in $OUT. Run: bash reports/examples/h200-host-path/h200_call.sh (carry .whl for the loop's wheels).
 export PYTHONUNBUFFERED=1
