@@ -82,8 +82,8 @@ LAYERS ?=
 STEPS ?=
 OUT ?=
 
-e2e: ## decode tokens/s of a Llama-3-8B-shaped model, its linear layers per backend (timing needs CUDA; CPU: a tiny model, correctness only): [TASK=w4a16|llgemm] [W4A16="DIR ..."] [BATCHES=1,8,16,24,32] [LAYERS=32] [STEPS=200] [JSON=] [OUT=dir]
-	$(PY) -m evals.e2e $(T) $(if $(W4A16),--w4a16 $(W4A16)) $(if $(BATCHES),--batches $(BATCHES)) $(if $(LAYERS),--layers $(LAYERS)) $(if $(STEPS),--steps $(STEPS)) $(if $(JSON),--json $(JSON)) $(if $(OUT),--out $(OUT))
+e2e: ## decode tokens/s of a Llama-3-8B-shaped model, its linear layers per backend (timing needs CUDA; CPU: a tiny model, correctness only): [TASK=w4a16|llgemm] [W4A16="DIR ..."] [BATCHES=1,8,16,24,32] [LAYERS=32] [STEPS=200] [GLUE=compiled|eager] [JSON=] [OUT=dir]
+	$(PY) -m evals.e2e $(T) $(if $(W4A16),--w4a16 $(W4A16)) $(if $(BATCHES),--batches $(BATCHES)) $(if $(LAYERS),--layers $(LAYERS)) $(if $(STEPS),--steps $(STEPS)) $(if $(GLUE),--glue $(GLUE)) $(if $(JSON),--json $(JSON)) $(if $(OUT),--out $(OUT))
 
 qualify: ## host cost, GPU time and the verifier's timed vectors per plan (needs CUDA): [TASK=] SOLUTION= [PANEL=] [QGRID=FILE] [REPEATS=3] [JSON=]
 	$(PY) -m evals.qualify $(T) $(S) $(P) $(if $(QGRID),--grid $(QGRID)) --repeats $(REPEATS) $(if $(JSON),--json $(JSON))

@@ -2,7 +2,7 @@
 
     python -m evals.e2e [--task w4a16|llgemm] [--backends bf16,tinygemm,w4a16,llgemm] [--w4a16 DIR ...]
                         [--llgemm DIR] [--config llama3-8b|tiny] [--layers N] [--batches 1,8,16,24,32]
-                        [--prompt 16] [--steps 200] [--json FILE] [--out DIR]
+                        [--prompt 16] [--steps 200] [--glue compiled|eager] [--json FILE] [--out DIR]
 
 The model (evals/e2e_model.py) has random weights, quantized once into the W4A16 encoding; every backend serves the
 same weight values. Its projections (qkv, o, gate_up, down; lm_head is dense F.linear in every backend) are served by:
@@ -31,8 +31,15 @@ same weight values. Its projections (qkv, o, gate_up, down; lm_head is dense F.l
   elapsed; TPOT = elapsed / steps. The linear layers' share: a CUDA graph of the served projections alone, one
   step's worth on static inputs of the step's shapes, replayed LINEAR_REPLAYS times and timed the same way, over
   TPOT (lm_head, dense in every backend, is outside it). Weight bytes: the projections as the backend stores them,
-  plus lm_head; the implied bandwidth is those bytes once per step / TPOT (KV-cache reads excluded).
+  plus lm_head; the implied bandwidth is those bytes once per step / TPOT (KV-cache reads excluded). The weights'
+  bandwidth limit: those bytes read once at the device's measured read-only bandwidth (``read_gbps``: a sum over
+  READ_PASS_BYTES, kernel_harness.read_bandwidth_gbps), ``floor_ms``; ``x_floor`` = TPOT / floor_ms, the gap to it.
+  ``kv_gb``: the KV cache one step reads (every layer's whole static cache: the attention masks, never slices).
   ``resident_gb``: device memory the backend's model took when built.
+- the glue (``--glue``): what lies between the projections (RMSNorm, RoPE, attention, SwiGLU) runs either as
+  torch.compile'd functions (``compiled``, the default on CUDA: a few fused kernels a layer, as gpt-fast's compiled
+  step) or eagerly (``eager``, a kernel per torch op; the default without CUDA). Every backend runs the same glue;
+  the references are always eager.
 
 Without CUDA the same code runs the tiny config eagerly, kernels under the Triton interpreter, correctness only.
 Exit status: 0 when every servable backend is correct at every batch, 1 otherwise, 2 for bad arguments.
@@ -51,8 +58,9 @@ import torch
 from evals import graph_timing
 from evals import kernel_harness as kh
 from evals import task as tasks
-from evals.e2e_model import (CONFIGS, Config, Dense, Model, Stepper, Unservable, Weights, build_model, linear_calls,
-                             linear_maker, new_state, random_weights, stored_bytes, teacher_forced)
+from evals.e2e_model import (CONFIGS, GLUES, Config, Dense, Model, Stepper, Unservable, Weights, build_model,
+                             linear_calls, linear_maker, make_glue, new_state, random_weights, stored_bytes,
+                             teacher_forced)
 from evals.e2e_report import HEADER, add_ratios, format_row, summary, write
 from evals.loader import load_solution, resolve_solution_dir, unload_solution
 from evals.selfcheck import error_line
@@ -70,6 +78,7 @@ DEFAULTS = {  # per config: batches, prompt tokens, checked positions
 BOUND_FACTOR = 4.0
 WARMUP = 10
 LINEAR_REPLAYS = 50
+READ_PASS_BYTES = 4 << 30  # the read-only pass that sets the weights' bandwidth limit: larger than any L2 by far
 
 
 @dataclass
@@ -100,6 +109,9 @@ class Row:
     weight_gb: float | None = None
     resident_gb: float | None = None
     gbps: float | None = None
+    kv_gb: float | None = None
+    floor_ms: float | None = None  # weight bytes at the measured read-only bandwidth
+    x_floor: float | None = None  # TPOT / floor_ms
     vs_bf16: float | None = None
     vs_tinygemm: float | None = None
 
@@ -113,6 +125,7 @@ class Options:
     prompt: int
     checked: int
     steps: int
+    glue: str = "eager"
     json: Path | None = None
     out: Path | None = None
     seed: int = 0
@@ -211,13 +224,16 @@ def elapsed_ms(run: Callable[[], None], replays: int) -> float:
     return start.elapsed_time(end) / replays
 
 
-def timed(row: Row, model: Model, stepper: Stepper, batch: int, steps: int) -> None:
-    """The timing columns of ``row`` (CUDA only): tokens/s and TPOT over ``steps`` replays, the linear layers' share."""
+def timed(row: Row, model: Model, stepper: Stepper, batch: int, steps: int, read_gbps: float) -> None:
+    """The timing columns of ``row`` (CUDA only): tokens/s and TPOT over ``steps`` replays, the gap to the weights'
+    bandwidth limit, the linear layers' share."""
     for _ in range(WARMUP):
         stepper.run()
     row.tpot_ms = elapsed_ms(stepper.run, steps)
     row.tokens_per_s = batch * 1e3 / row.tpot_ms
     row.gbps = row.weight_gb / (row.tpot_ms / 1e3)
+    row.floor_ms = row.weight_gb / read_gbps * 1e3
+    row.x_floor = row.tpot_ms / row.floor_ms
     linears = graph_timing.Graph(linear_calls(model, batch), [()], "linear layers")
     for _ in range(3):
         linears.run()
@@ -227,36 +243,39 @@ def timed(row: Row, model: Model, stepper: Stepper, batch: int, steps: int) -> N
 
 # ------------------------------------------------------------------------------------------------ the run
 def run_batch(model: Model, backend: Backend, batch: int, tokens: torch.Tensor, refs: dict, options: Options,
-              graphs: bool, weight_gb: float, resident_gb: float | None) -> Row:
+              read_gbps: float | None, weight_gb: float, resident_gb: float | None) -> Row:
     row = Row(backend.name, batch, str(backend.dtype).removeprefix("torch."), weight_gb=weight_gb,
               resident_gb=resident_gb)
     try:
         state = new_state(model, batch, options.prompt + graph_timing.WARMUP_CALLS + WARMUP + options.steps)
+        row.kv_gb = sum(c.numel() * c.element_size() for pair in state.caches for c in pair) / 1e9
+        graphs = read_gbps is not None
         stepper = Stepper(model, state, graphs)
         got = teacher_forced(stepper, state, tokens[:batch], options.checked)
         found = compare(got, refs[backend.dtype][:, :batch], refs[torch.float32][:, :batch])
         for name, value in found.items():
             setattr(row, name, value)
         if graphs:
-            timed(row, model, stepper, batch, options.steps)
+            timed(row, model, stepper, batch, options.steps, read_gbps)
     except Exception as exc:  # a backend that fails at one batch is a row with its error, not a failed run
         row.error = error_line(exc, 240)
     return row
 
 
 def run_backend(backend: Backend, weights: Weights, tokens: torch.Tensor, refs: dict, options: Options,
-                graphs: bool) -> list[Row]:
-    """One row per batch size, or one row saying why the backend cannot serve the model."""
+                read_gbps: float | None) -> list[Row]:
+    """One row per batch size, or one row saying why the backend cannot serve the model. ``read_gbps`` (None off
+    CUDA: nothing timed) sets the weights' bandwidth limit."""
     dtype = str(backend.dtype).removeprefix("torch.")
     modules = []
     try:
         before = allocated()
-        model = build_model(weights, load_linear(backend, modules), backend.dtype)
-        resident = (allocated() - before) / 1e9 if graphs else None
+        model = build_model(weights, load_linear(backend, modules), backend.dtype, make_glue(options.glue))
+        resident = (allocated() - before) / 1e9 if read_gbps is not None else None
         weight_gb = stored_bytes(backend.kind, options.config) / 1e9
         rows = []
         for batch in options.batches:
-            rows.append(run_batch(model, backend, batch, tokens, refs, options, graphs, weight_gb, resident))
+            rows.append(run_batch(model, backend, batch, tokens, refs, options, read_gbps, weight_gb, resident))
             release()
         del model
         return rows
@@ -283,13 +302,16 @@ def run(options: Options, log=print) -> dict:
                            device=info.device)
     refs = {dtype: reference_logits(weights, dtype, tokens, options.checked)
             for dtype in {torch.float32, *(b.dtype for b in options.backends)}}
+    read_gbps = kh.read_bandwidth_gbps(info.device, READ_PASS_BYTES)
+    if graphs:
+        log(f"read-only pass over {READ_PASS_BYTES / 1e9:.2f} GB: {read_gbps:.0f} GB/s (the weights' bandwidth limit)")
     report = {"device": info.name, "config": options.config_name, "model": asdict(config),
               "batches": options.batches, "prompt": options.prompt, "checked": options.checked,
               "steps": options.steps, "warmup": WARMUP, "bound_factor": BOUND_FACTOR, "timed": graphs,
-              "provenance": provenance(), "rows": []}
+              "glue": options.glue, "read_gbps": read_gbps, "provenance": provenance(), "rows": []}
     log(HEADER)
     for backend in options.backends:
-        rows = [asdict(r) for r in run_backend(backend, weights, tokens, refs, options, graphs)]
+        rows = [asdict(r) for r in run_backend(backend, weights, tokens, refs, options, read_gbps)]
         report["rows"] += rows
         add_ratios(report["rows"])
         for row in rows:
@@ -325,10 +347,13 @@ def options_from(args: argparse.Namespace, cuda: bool) -> Options:
     prompt = args.prompt if args.prompt is not None else defaults["prompt"]
     if prompt < 1 or args.steps < 1:
         raise ValueError(f"--prompt and --steps must be at least 1; got {prompt} and {args.steps}")
+    glue = args.glue or ("compiled" if cuda else "eager")
+    if glue not in GLUES:
+        raise ValueError(f"--glue must be one of {', '.join(GLUES)}; got {glue!r}")
     kinds = [k.strip() for k in args.backends.split(",")] if args.backends else None
     return Options(config, name, select_backends(kinds, args.task, args.w4a16, args.llgemm),
                    batch_list(args.batches) if args.batches else list(defaults["batches"]), prompt,
-                   min(defaults["checked"], prompt), args.steps, Path(args.json) if args.json else None,
+                   min(defaults["checked"], prompt), args.steps, glue, Path(args.json) if args.json else None,
                    Path(args.out) if args.out else None)
 
 
@@ -345,6 +370,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batches", help="comma-separated batch sizes (default: 1,8,16,24,32; tiny: 1,2)")
     p.add_argument("--prompt", type=int, help="prompt tokens a sequence (default: 16; tiny: 4)")
     p.add_argument("--steps", type=int, default=200, help="timed decode steps (default: 200)")
+    p.add_argument("--glue", help="the work between the projections: compiled (torch.compile; the default with CUDA) "
+                                  "or eager (the default without)")
     p.add_argument("--json", help="write the report here")
     p.add_argument("--out", help="write e2e.json, table.txt and tokens_per_s.png into this folder")
     return p

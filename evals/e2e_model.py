@@ -233,6 +233,73 @@ def stored_bytes(kind: str, config: Config) -> int:
     return total * config.layers + 2 * config.vocab * config.hidden
 
 
+# ------------------------------------------------------------------------------------------------ the glue
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight).to(x.dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE of x (B, heads, head_dim) at one position (cos, sin: (1, head_dim // 2)), in fp32."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def rotate(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int,
+           head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The qkv projection's output (B, (heads + 2 kv_heads) head_dim) split, RoPE on q and k: q (B, kv_heads,
+    heads // kv_heads, head_dim), k and v (B, kv_heads, 1, head_dim). Query head h reads KV head
+    h // (heads // kv_heads), as a repeat_interleave of the KV heads would."""
+    batch, q_size, kv_size = qkv.shape[0], heads * head_dim, kv_heads * head_dim
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    q = rope(q.reshape(batch, heads, head_dim), cos, sin)
+    k = rope(k.reshape(batch, kv_heads, head_dim), cos, sin)
+    return (q.reshape(batch, kv_heads, heads // kv_heads, head_dim), k.unsqueeze(2),
+            v.reshape(batch, kv_heads, 1, head_dim))
+
+
+def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """Grouped-query attention of q (B, kv_heads, group, head_dim) over the cache, positions not ``visible`` masked,
+    scores and softmax in fp32: (B, kv_heads * group * head_dim)."""
+    scores = torch.matmul(q, k_cache.transpose(-1, -2)).float() * q.shape[-1]**-0.5
+    probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1).to(q.dtype)
+    return torch.matmul(probs, v_cache).reshape(q.shape[0], -1)
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+@dataclass(frozen=True)
+class Glue:
+    """The step's work between the projections (RMSNorm, RoPE, attention, SwiGLU), the same functions either eager, a
+    kernel per torch op, or each compiled by torch.compile (Inductor), which fuses a function's elementwise ops into a
+    few kernels as gpt-fast's compiled step does. The projections and the cache writes (index_copy_, in place) stay
+    eager outside them: each backend's own kernels, unchanged."""
+
+    name: str
+    norm: Callable = rms_norm
+    rotate: Callable = rotate
+    attend: Callable = attend
+    swiglu: Callable = swiglu
+
+
+GLUES = ("eager", "compiled")
+
+
+@functools.cache
+def make_glue(name: str) -> Glue:
+    """The glue by name, made once: every backend of a run shares the compiled functions (and their compile cache)."""
+    if name == "eager":
+        return Glue(name)
+    if name == "compiled":
+        # fullgraph: a graph break would leave part of a function eager without saying so
+        return Glue(name, *(torch.compile(f, fullgraph=True) for f in (rms_norm, rotate, attend, swiglu)))
+    raise ValueError(f"glue must be one of {', '.join(GLUES)}; got {name!r}")
+
+
 # ------------------------------------------------------------------------------------------------ the model
 @dataclass
 class Model:
@@ -242,14 +309,16 @@ class Model:
     embed: torch.Tensor
     lm_head: Dense
     norm_weight: torch.Tensor  # RMSNorm weights: ones, fp32 (one tensor serves every norm)
+    glue: Glue = Glue("eager")
 
 
-def build_model(weights: Weights, make_linear: Callable[[Projection], Linear], dtype: torch.dtype) -> Model:
-    """The decoder in ``dtype`` with every projection served by ``make_linear``."""
+def build_model(weights: Weights, make_linear: Callable[[Projection], Linear], dtype: torch.dtype,
+                glue: Glue = Glue("eager")) -> Model:
+    """The decoder in ``dtype`` with every projection served by ``make_linear``, the rest by ``glue``."""
     config = weights.config
     layers = [{name: make_linear(layer[name]) for name in PROJECTIONS} for layer in weights.layers]
     norm = torch.ones(config.hidden, dtype=torch.float32, device=weights.embed.device)
-    return Model(config, dtype, layers, weights.embed.to(dtype), Dense(weights.lm_head.to(dtype)), norm)
+    return Model(config, dtype, layers, weights.embed.to(dtype), Dense(weights.lm_head.to(dtype)), norm, glue)
 
 
 @dataclass
@@ -285,40 +354,21 @@ def new_state(model: Model, batch: int, max_len: int) -> State:
                  angles.sin(), positions)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight).to(x.dtype)
-
-
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE of x (B, heads, head_dim) at one position (cos, sin: (1, head_dim // 2)), in fp32."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half].float(), x[..., half:].float()
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
-
-
 def attention(model: Model, layer: dict, x: torch.Tensor, state: State, cache, cos, sin, visible) -> torch.Tensor:
     """x + o(GQA attention of this step's query over the cache): the attention block, the cache written at pos."""
-    c, batch = model.config, x.shape[0]
-    q_size, kv_size = c.heads * c.head_dim, c.kv_heads * c.head_dim
-    q, k, v = layer["qkv"](rms_norm(x, model.norm_weight, c.norm_eps)).split([q_size, kv_size, kv_size], dim=-1)
-    q = rope(q.reshape(batch, c.heads, c.head_dim), cos, sin)
-    k = rope(k.reshape(batch, c.kv_heads, c.head_dim), cos, sin)
+    c, glue = model.config, model.glue
+    q, k, v = glue.rotate(layer["qkv"](glue.norm(x, model.norm_weight, c.norm_eps)), cos, sin, c.heads, c.kv_heads,
+                          c.head_dim)
     k_cache, v_cache = cache
-    k_cache.index_copy_(2, state.pos, k.unsqueeze(2))
-    v_cache.index_copy_(2, state.pos, v.reshape(batch, c.kv_heads, 1, c.head_dim))
-    # query head h reads KV head h // (heads // kv_heads), as a repeat_interleave of the KV heads would
-    q = q.reshape(batch, c.kv_heads, c.heads // c.kv_heads, c.head_dim)
-    scores = torch.matmul(q, k_cache.transpose(-1, -2)).float() * c.head_dim**-0.5
-    probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1).to(model.dtype)
-    out = torch.matmul(probs, v_cache).reshape(batch, q_size)
-    return layer["o"](out, x)
+    k_cache.index_copy_(2, state.pos, k)
+    v_cache.index_copy_(2, state.pos, v)
+    return layer["o"](glue.attend(q, k_cache, v_cache, visible), x)
 
 
 def feed_forward(model: Model, layer: dict, x: torch.Tensor) -> torch.Tensor:
     """x + down(SiLU(gate) * up): the MLP block."""
-    gate, up = layer["gate_up"](rms_norm(x, model.norm_weight, model.config.norm_eps)).chunk(2, dim=-1)
-    return layer["down"](F.silu(gate) * up, x)
+    glue = model.glue
+    return layer["down"](glue.swiglu(layer["gate_up"](glue.norm(x, model.norm_weight, model.config.norm_eps))), x)
 
 
 def decode_step(model: Model, state: State) -> None:
@@ -330,7 +380,7 @@ def decode_step(model: Model, state: State) -> None:
     for layer, cache in zip(model.layers, state.caches):
         x = attention(model, layer, x, state, cache, cos, sin, visible)
         x = feed_forward(model, layer, x)
-    logits = model.lm_head(rms_norm(x, model.norm_weight, model.config.norm_eps)).float()
+    logits = model.lm_head(model.glue.norm(x, model.norm_weight, model.config.norm_eps)).float()
     state.logits.copy_(logits)
     state.tokens.copy_(logits.argmax(dim=-1))
     state.pos.add_(1)

@@ -21,7 +21,8 @@ def add_ratios(rows: list[dict]) -> None:
 
 
 HEADER = (f"{'backend':<26} {'batch':>5} {'tok/s':>9} {'TPOT_ms':>8} {'lin_ms':>7} {'lin%':>5} {'weight_GB':>9} "
-          f"{'GB/s':>6} {'max|err|':>9} {'bound':>9} {'ok':>3} {'greedy':>7} {'x_bf16':>6} {'x_tiny':>6}  note")
+          f"{'GB/s':>6} {'floor_ms':>8} {'x_floor':>7} {'max|err|':>9} {'bound':>9} {'ok':>3} {'greedy':>7} "
+          f"{'x_bf16':>6} {'x_tiny':>6}  note")
 
 
 def format_row(r: dict) -> str:
@@ -33,7 +34,8 @@ def format_row(r: dict) -> str:
     greedy = "-" if r["tokens_checked"] is None else f"{r['tokens_agree']}/{r['tokens_checked']}"
     return (f"{r['backend']:<26} {r['batch']:>5} {num(r['tokens_per_s'], '.1f'):>9} {num(r['tpot_ms'], '.3f'):>8} "
             f"{num(r['linear_ms'], '.3f'):>7} {num(r['linear_share'] and 100 * r['linear_share'], '.0f'):>5} "
-            f"{num(r['weight_gb'], '.4g'):>9} {num(r['gbps'], '.0f'):>6} {num(r['max_abs_err'], '.3g'):>9} "
+            f"{num(r['weight_gb'], '.4g'):>9} {num(r['gbps'], '.0f'):>6} {num(r['floor_ms'], '.3f'):>8} "
+            f"{num(r['x_floor']):>7} {num(r['max_abs_err'], '.3g'):>9} "
             f"{num(r['bound'], '.3g'):>9} {ok:>3} {greedy:>7} {num(r['vs_bf16']):>6} {num(r['vs_tinygemm']):>6}  "
             f"{note}").rstrip()
 
@@ -42,6 +44,9 @@ def summary(report: dict) -> list[str]:
     """Per timed backend: its tokens/s over bf16 and tinygemm across the batches, and within the W4A16 task's scored
     M range where the run has such batches."""
     lines = []
+    if report.get("read_gbps"):
+        lines.append(f"glue {report['glue']}; the weights' bandwidth limit (floor_ms) at {report['read_gbps']:.0f} "
+                     "GB/s, a read-only pass's")
     for name in dict.fromkeys(r["backend"] for r in report["rows"] if r["vs_bf16"] or r["vs_tinygemm"]):
         rows = [r for r in report["rows"] if r["backend"] == name and r["tokens_per_s"]]
         for label_, chosen in (("every batch", rows),

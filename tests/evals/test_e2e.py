@@ -98,6 +98,19 @@ def reversed_nibbles(projection):
     return em.Projection(w4.pack_int4(flipped.int()), projection.scales)
 
 
+def test_the_compiled_glue_computes_the_same_model():
+    """torch.compile'd RMSNorm, RoPE, attention and SwiGLU (the default on CUDA) against the eager reference: within the
+    bound, as the eager glue is; both glues hold the same functions."""
+    options = e2e.Options(TINY, "tiny", e2e.select_backends(["bf16"], None, None, None), [2], prompt=4, checked=2,
+                          steps=8, glue="compiled")
+    report = e2e.run(options, log=lambda line: None)
+    [row] = report["rows"]
+    assert report["glue"] == "compiled" and row["error"] is None and row["correct"], row
+    compiled, eager = em.make_glue("compiled"), em.make_glue("eager")
+    assert compiled is em.make_glue("compiled") and compiled.norm is not em.rms_norm
+    assert (eager.norm, eager.rotate, eager.attend, eager.swiglu) == (em.rms_norm, em.rotate, em.attend, em.swiglu)
+
+
 @pytest.mark.parametrize("bug", ["drops the residual", "reads the nibbles reversed", "reads the next group's scales"])
 def test_a_wrong_layer_fails_the_bound(bug):
     weights = em.random_weights(TINY, DEVICE, seed=3)
@@ -157,6 +170,7 @@ def test_the_plot_and_table_are_written_where_asked(tmp_path):
     (["--w4a16", "methods/drafts/no-such-folder"], "no solution.py in methods/drafts/no-such-folder"),
     (["--task", "rowgain"], "--task must be one of w4a16, llgemm"),
     (["--layers", "0"], "--layers must be at least 1"),
+    (["--glue", "fused"], "--glue must be one of eager, compiled"),
 ])
 def test_bad_input_is_refused_with_what_to_do(args, said, capsys):
     assert e2e.main(args) == 2
@@ -184,7 +198,9 @@ def test_the_8b_shape_at_two_layers_on_cuda(tmp_path):
     assert {r["backend"] for r in timed} >= {"bf16", "tinygemm", FAMILY, "llgemm main"}
     for r in timed:
         assert r["correct"] and r["error"] is None, r
-        for key in ("tokens_per_s", "tpot_ms", "linear_ms", "linear_share", "gbps", "resident_gb"):
+        for key in ("tokens_per_s", "tpot_ms", "linear_ms", "linear_share", "gbps", "resident_gb", "kv_gb", "floor_ms",
+                    "x_floor"):
             assert math.isfinite(r[key]) and r[key] > 0, (key, r)
         assert r["linear_share"] < 1.5, r  # the linear layers alone cannot take much longer than the whole step
+        assert r["x_floor"] > 0.8, r  # no step reads its weights much faster than a read-only pass does
     assert all(r["vs_bf16"] for r in timed)
