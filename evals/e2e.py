@@ -2,7 +2,8 @@
 
     python -m evals.e2e [--task w4a16|llgemm] [--backends bf16,tinygemm,w4a16,llgemm] [--w4a16 DIR ...]
                         [--llgemm DIR] [--config llama3-8b|tiny] [--layers N] [--batches 1,8,16,24,32]
-                        [--prompt 16] [--steps 200] [--glue compiled|eager] [--json FILE] [--out DIR]
+                        [--prompt 16] [--steps 200] [--glue compiled|eager] [--w4a16-config JSON]
+                        [--profile BATCH] [--json FILE] [--out DIR]
 
 The model (evals/e2e_model.py) has random weights, quantized once into the W4A16 encoding; every backend serves the
 same weight values. Its projections (qkv, o, gate_up, down; lm_head is dense F.linear in every backend) are served by:
@@ -11,7 +12,8 @@ same weight values. Its projections (qkv, o, gate_up, down; lm_head is dense F.l
     tinygemm   torch._weight_int4pack_mm, int4 group 128, bf16 (gpt-fast's int4 path; the bench's peer)
     w4a16      each W4A16 solution folder (default: the task's v0 and main) through build(..., "identity"), fp16;
                a folder whose ACTIVATIONS lacks "identity" takes only the contract's epilogues, which cannot serve a
-               plain linear layer: its row says it is not servable
+               plain linear layer: its row says it is not servable. ``--w4a16-config JSON`` serves each folder a
+               second time, built with those tuning overrides (build's ``config``), under its name and the overrides
     llgemm     the LL-GEMM task's main (default) on the bf16 weights (its M > 16 is F.linear)
 
 ``--task w4a16`` serves bf16, tinygemm and the W4A16 folders; ``--task llgemm`` bf16, tinygemm and LL-GEMM; neither
@@ -40,6 +42,9 @@ same weight values. Its projections (qkv, o, gate_up, down; lm_head is dense F.l
   torch.compile'd functions (``compiled``, the default on CUDA: a few fused kernels a layer, as gpt-fast's compiled
   step) or eagerly (``eager``, a kernel per torch op; the default without CUDA). Every backend runs the same glue;
   the references are always eager.
+- ``--profile BATCH`` (CUDA): where that batch's step goes, per backend: each projection's graph alone (every layer's
+  calls) against its weights' bandwidth limit, and the step's kernels by time (torch.profiler over PROFILE_STEPS
+  graph replays); written into the rows and ``profile.txt``.
 
 Without CUDA the same code runs the tiny config eagerly, kernels under the Triton interpreter, correctness only.
 Exit status: 0 when every servable backend is correct at every batch, 1 otherwise, 2 for bad arguments.
@@ -48,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -58,10 +64,10 @@ import torch
 from evals import graph_timing
 from evals import kernel_harness as kh
 from evals import task as tasks
-from evals.e2e_model import (CONFIGS, GLUES, Config, Dense, Model, Stepper, Unservable, Weights, build_model,
-                             linear_calls, linear_maker, make_glue, new_state, random_weights, stored_bytes,
-                             teacher_forced)
-from evals.e2e_report import HEADER, add_ratios, format_row, summary, write
+from evals.e2e_model import (CONFIGS, GLUES, Config, Dense, Model, State, Stepper, Unservable, Weights, build_model,
+                             linear_calls, linear_maker, make_glue, new_state, projection_bytes, random_weights,
+                             stored_bytes, teacher_forced)
+from evals.e2e_report import HEADER, add_ratios, format_row, profile_lines, summary, write
 from evals.loader import load_solution, resolve_solution_dir, unload_solution
 from evals.selfcheck import error_line
 from evals.verifier import provenance
@@ -79,6 +85,8 @@ BOUND_FACTOR = 4.0
 WARMUP = 10
 LINEAR_REPLAYS = 50
 READ_PASS_BYTES = 4 << 30  # the read-only pass that sets the weights' bandwidth limit: larger than any L2 by far
+PROFILE_STEPS = 5
+PROFILE_KERNELS = 15  # the kernels a profile lists, by time
 
 
 @dataclass
@@ -87,6 +95,7 @@ class Backend:
     name: str
     dtype: torch.dtype
     folder: Path | None = None
+    config: dict | None = None  # a W4A16 build's tuning overrides
 
 
 @dataclass
@@ -114,6 +123,7 @@ class Row:
     x_floor: float | None = None  # TPOT / floor_ms
     vs_bf16: float | None = None
     vs_tinygemm: float | None = None
+    profile: dict | None = None  # --profile's batch only: "projections" and "kernels"
 
 
 @dataclass
@@ -126,6 +136,7 @@ class Options:
     checked: int
     steps: int
     glue: str = "eager"
+    profile: int | None = None  # the batch whose step is profiled
     json: Path | None = None
     out: Path | None = None
     seed: int = 0
@@ -137,12 +148,13 @@ def load_linear(backend: Backend, modules: list) -> Callable:
     module = load_solution(backend.folder) if backend.folder else None
     if module is not None:
         modules.append(module)
-    return linear_maker(backend.kind, module)
+    return linear_maker(backend.kind, module, backend.config)
 
 
 def select_backends(kinds: list[str] | None, task: str | None, w4a16: list[str] | None,
-                    llgemm: str | None) -> list[Backend]:
-    """The backends to run, in KINDS order; ValueError / FileNotFoundError for bad input (exit 2)."""
+                    llgemm: str | None, w4a16_config: dict | None = None) -> list[Backend]:
+    """The backends to run, in KINDS order (each W4A16 folder as built, then with ``w4a16_config`` where given);
+    ValueError / FileNotFoundError for bad input (exit 2)."""
     if task is not None and task not in BY_TASK:
         raise ValueError(f"--task must be one of {', '.join(BY_TASK)} (or left out for every backend); got {task!r}")
     chosen = kinds or list(BY_TASK.get(task, KINDS))
@@ -157,7 +169,12 @@ def select_backends(kinds: list[str] | None, task: str | None, w4a16: list[str] 
         if kind not in chosen:
             continue
         if kind == "w4a16":
-            backends += [Backend(kind, "w4a16 " + label(f, w4_task), torch.float16, f) for f in w4_folders]
+            for f in w4_folders:
+                backends.append(Backend(kind, "w4a16 " + label(f, w4_task), torch.float16, f))
+                if w4a16_config is not None:
+                    tuned = ",".join(f"{key}={value}" for key, value in w4a16_config.items())
+                    backends.append(Backend(kind, f"w4a16 {label(f, w4_task)} {tuned}", torch.float16, f,
+                                            w4a16_config))
         elif kind == "llgemm":
             backends.append(Backend(kind, "llgemm " + label(ll_folder, ll_task), torch.bfloat16, ll_folder))
         else:
@@ -241,6 +258,40 @@ def timed(row: Row, model: Model, stepper: Stepper, batch: int, steps: int, read
     row.linear_share = row.linear_ms / row.tpot_ms
 
 
+def profiled(model: Model, state: State, stepper: Stepper, backend: Backend, batch: int, read_gbps: float) -> dict:
+    """Where one step's time goes (CUDA only). ``projections``: per projection, a graph of its calls in every layer
+    alone, ms per step and us per call, against its weights' bandwidth limit. ``kernels``: the step's kernels by time,
+    from torch.profiler over PROFILE_STEPS replays of the step's graph, or eager steps where it sees no kernel in a
+    replay (``source``; the PROFILE_KERNELS longest; ``total_us`` sums them all). The state is reset before each:
+    the cache has no room left past the timed steps, and a step costs the same at every position (attention reads
+    the whole cache, masked)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    layers = model.config.layers
+    projections = {}
+    for name, (k, n) in model.config.shapes().items():
+        graph = graph_timing.Graph(linear_calls(model, batch, (name,)), [()], name)
+        for _ in range(3):
+            graph.run()
+        ms = elapsed_ms(graph.run, LINEAR_REPLAYS)
+        floor_ms = projection_bytes(backend.kind, k, n) * layers / read_gbps / 1e6
+        projections[name] = {"k": k, "n": n, "ms": ms, "us_per_call": ms * 1e3 / layers, "floor_ms": floor_ms,
+                             "x_floor": ms / floor_ms}
+        del graph
+    for source, run in (("graph replays", stepper.run), ("eager steps", stepper.step)):
+        state.reset()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(PROFILE_STEPS):
+                run()
+            torch.cuda.synchronize()
+        kernels = sorted(((e.key, e.count / PROFILE_STEPS, e.self_device_time_total / PROFILE_STEPS)
+                          for e in prof.key_averages() if e.self_device_time_total > 0), key=lambda t: -t[2])
+        if kernels:  # a profiler that sees no kernel inside a graph replay: the same step's kernels, eager
+            break
+    return {"batch": batch, "projections": projections, "source": source, "total_us": sum(t[2] for t in kernels),
+            "kernels": [{"name": name, "calls": calls, "us": us} for name, calls, us in kernels[:PROFILE_KERNELS]]}
+
+
 # ------------------------------------------------------------------------------------------------ the run
 def run_batch(model: Model, backend: Backend, batch: int, tokens: torch.Tensor, refs: dict, options: Options,
               read_gbps: float | None, weight_gb: float, resident_gb: float | None) -> Row:
@@ -257,6 +308,8 @@ def run_batch(model: Model, backend: Backend, batch: int, tokens: torch.Tensor, 
             setattr(row, name, value)
         if graphs:
             timed(row, model, stepper, batch, options.steps, read_gbps)
+            if batch == options.profile:
+                row.profile = profiled(model, state, stepper, backend, batch, read_gbps)
     except Exception as exc:  # a backend that fails at one batch is a row with its error, not a failed run
         row.error = error_line(exc, 240)
     return row
@@ -350,11 +403,29 @@ def options_from(args: argparse.Namespace, cuda: bool) -> Options:
     glue = args.glue or ("compiled" if cuda else "eager")
     if glue not in GLUES:
         raise ValueError(f"--glue must be one of {', '.join(GLUES)}; got {glue!r}")
+    batches = batch_list(args.batches) if args.batches else list(defaults["batches"])
+    if args.profile is not None and (args.profile not in batches or not cuda):
+        raise ValueError(f"--profile takes one of the run's batches ({','.join(map(str, batches))}) and needs CUDA "
+                         f"(the profile is of the step's CUDA graph); got {args.profile}")
     kinds = [k.strip() for k in args.backends.split(",")] if args.backends else None
-    return Options(config, name, select_backends(kinds, args.task, args.w4a16, args.llgemm),
-                   batch_list(args.batches) if args.batches else list(defaults["batches"]), prompt,
-                   min(defaults["checked"], prompt), args.steps, glue, Path(args.json) if args.json else None,
-                   Path(args.out) if args.out else None)
+    return Options(config, name,
+                   select_backends(kinds, args.task, args.w4a16, args.llgemm, overrides(args.w4a16_config)),
+                   batches, prompt, min(defaults["checked"], prompt), args.steps, glue, args.profile,
+                   Path(args.json) if args.json else None, Path(args.out) if args.out else None)
+
+
+def overrides(text: str | None) -> dict | None:
+    """--w4a16-config: a JSON object of tuning overrides, such as '{"DEVICE_BOUND_US": 0}'."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--w4a16-config takes a JSON object such as '{{\"DEVICE_BOUND_US\": 0}}'; {exc}") from None
+    if not isinstance(value, dict) or not value:
+        raise ValueError(f"--w4a16-config takes a non-empty JSON object such as '{{\"DEVICE_BOUND_US\": 0}}'; "
+                         f"got {text!r}")
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -370,6 +441,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batches", help="comma-separated batch sizes (default: 1,8,16,24,32; tiny: 1,2)")
     p.add_argument("--prompt", type=int, help="prompt tokens a sequence (default: 16; tiny: 4)")
     p.add_argument("--steps", type=int, default=200, help="timed decode steps (default: 200)")
+    p.add_argument("--w4a16-config", metavar="JSON",
+                   help="serve each W4A16 folder also built with these tuning overrides (its build's config), such "
+                        "as '{\"DEVICE_BOUND_US\": 0}'")
+    p.add_argument("--profile", type=int, metavar="BATCH",
+                   help="CUDA: where this batch's step goes, per backend (projections alone, kernels by time)")
     p.add_argument("--glue", help="the work between the projections: compiled (torch.compile; the default with CUDA) "
                                   "or eager (the default without)")
     p.add_argument("--json", help="write the report here")
@@ -385,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"e2e: {exc}", file=sys.stderr)
         return 2
     report = run(options, log=lambda line: print(line, flush=True))
-    for line in summary(report):
+    for line in summary(report) + profile_lines(report):
         print(line)
     servable = [r for r in report["rows"] if r["batch"] is not None or r["error"]]
     return 0 if servable and all(r["correct"] for r in servable) else 1

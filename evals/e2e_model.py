@@ -12,13 +12,16 @@ lm_head are random bf16, dense in every backend (lm_head through F.linear), as i
 
 The step. One token per sequence at position ``pos`` (a device tensor, so that a CUDA graph replays every step):
 embedding, per layer RMSNorm -> qkv -> RoPE -> the cache write -> grouped-query attention over the cache (a plain
-matmul-softmax-matmul, scores in fp32, positions past ``pos`` masked) -> o (the residual added by the backend, fused
-where it can) -> RMSNorm -> gate_up -> SiLU(gate) * up -> down (with the residual), then RMSNorm, lm_head (fp32
-logits), the greedy next token into ``tokens`` and ``pos`` + 1. Batch rows never interact.
+matmul-softmax-matmul, scores in fp32, positions past ``pos`` masked) -> o + the residual -> RMSNorm -> gate_up ->
+SiLU(gate) * up -> down + the residual, then RMSNorm, lm_head (fp32 logits), the greedy next token into ``tokens``
+and ``pos`` + 1. Batch rows never interact. Each residual add is fused: into the projection's kernel where the backend
+fuses it (``fuses_residual``: the W4A16 solutions), else into the RMSNorm that follows it (``Glue.add_norm``), as a
+serving stack fuses add and RMSNorm.
 """
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
@@ -140,12 +143,16 @@ def random_weights(config: Config, device: torch.device, seed: int = 0) -> Weigh
 
 # ------------------------------------------------------------------------------------------------ linear layers
 class Linear(Protocol):
+    fuses_residual: bool  # whether the model hands it the residual stream (else the glue adds it)
+
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x (M, K) -> x @ W (M, N) in the model's dtype, plus ``residual`` (M, N) where given."""
 
 
 class Dense:
     """torch.nn.functional.linear on a dense (N, K) weight: the bf16 backend, and every reference (any dtype)."""
+
+    fuses_residual = False
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.weight = weight
@@ -159,6 +166,8 @@ class Tinygemm:
     """torch's int4 weight-only matmul (tinygemm; gpt-fast's int4 path), group 128, bf16 activations. CUDA packs the
     codes two a byte (as the bench's peer does); CPU has its own packing of int32 codes (``*_for_cpu``)."""
 
+    fuses_residual = False
+
     def __init__(self, projection: Projection) -> None:
         self.weight, self.scale_zero = w4a16_adapter().tinygemm_operands(projection.qweight, projection.scales)
         self.matmul = torch._weight_int4pack_mm if self.weight.is_cuda else torch._weight_int4pack_mm_for_cpu
@@ -169,12 +178,16 @@ class Tinygemm:
 
 
 class W4A16:
-    """A W4A16 solution's build(qweight, scales, bias, "identity"): out = x @ W + bias + residual in one kernel, bias
-    zero; the residual is the block's residual stream for o and down (the add fused), else zeros."""
+    """A W4A16 solution's build(qweight, scales, bias, "identity"[, config]): out = x @ W + bias + residual in one
+    kernel, bias zero; the residual is the block's residual stream for o and down (the add fused), else zeros.
+    ``config``: tuning overrides, for a build that takes them (``--w4a16-config``)."""
 
-    def __init__(self, module, projection: Projection, zeros: dict) -> None:
+    fuses_residual = True
+
+    def __init__(self, module, projection: Projection, zeros: dict, config: dict | None = None) -> None:
         bias = torch.zeros(projection.n, dtype=torch.float16, device=projection.qweight.device)
-        self.fn = module.build(projection.qweight, projection.scales, bias, "identity")
+        extra = (config,) if config is not None else ()
+        self.fn = module.build(projection.qweight, projection.scales, bias, "identity", *extra)
         self.n, self.zeros = projection.n, zeros
 
     def __call__(self, x, residual=None):
@@ -188,6 +201,8 @@ class W4A16:
 
 class LLGemm:
     """An LL-GEMM solution's build(weight) on the dense bf16 (N, K) weight: y = x @ W.T (M > 16 is its F.linear)."""
+
+    fuses_residual = False
 
     def __init__(self, module, projection: Projection) -> None:
         self.weight = projection.dense(torch.bfloat16)
@@ -206,9 +221,10 @@ UNSERVABLE = ("not servable: its build takes only the contract's epilogues ({}),
               "layer (a W4A16 solution serves a model through epilogue \"identity\")")
 
 
-def linear_maker(kind: str, module=None) -> Callable[[Projection], Linear]:
-    """``make_linear`` of a backend kind (bf16, tinygemm, w4a16, llgemm), the last two with their solution's module.
-    Unservable for a W4A16 module whose ACTIVATIONS lacks "identity"."""
+def linear_maker(kind: str, module=None, config: dict | None = None) -> Callable[[Projection], Linear]:
+    """``make_linear`` of a backend kind (bf16, tinygemm, w4a16, llgemm), the last two with their solution's module,
+    a W4A16 one with ``config`` (tuning overrides) where given. Unservable for a W4A16 module whose ACTIVATIONS lacks
+    "identity", or whose build takes no config where one is given."""
     if kind == "bf16":
         return lambda p: Dense(p.dense(torch.bfloat16))
     if kind == "tinygemm":
@@ -218,18 +234,23 @@ def linear_maker(kind: str, module=None) -> Callable[[Projection], Linear]:
     accepted = getattr(module, "ACTIVATIONS", None)
     if accepted is not None and "identity" not in accepted:
         raise Unservable(UNSERVABLE.format(", ".join(sorted(accepted))))
+    if config is not None and "config" not in inspect.signature(module.build).parameters:
+        raise Unservable("not servable with --w4a16-config: its build(qweight, scales, bias, epilogue) takes no config")
     zeros = {}  # one zero residual per shape, shared by the backend's layers
-    return lambda p: W4A16(module, p, zeros)
+    return lambda p: W4A16(module, p, zeros, config)
+
+
+def projection_bytes(kind: str, k: int, n: int) -> int:
+    """One (K, N) projection as a backend kind stores it."""
+    groups = k // GROUP_SIZE
+    return {"bf16": 2 * k * n, "llgemm": 2 * k * n,
+            "tinygemm": k * n // 2 + groups * n * 4,  # bf16 scale and zero per group and column
+            "w4a16": k * n // 2 + groups * n * 2 + 2 * n}[kind]  # fp16 scales, the zero bias
 
 
 def stored_bytes(kind: str, config: Config) -> int:
     """The projections as a backend kind stores them, plus the dense lm_head (2 bytes a weight in bf16 and fp16)."""
-    total = 0
-    for k, n in config.shapes().values():
-        groups = k // GROUP_SIZE
-        total += {"bf16": 2 * k * n, "llgemm": 2 * k * n,
-                  "tinygemm": k * n // 2 + groups * n * 4,  # bf16 scale and zero per group and column
-                  "w4a16": k * n // 2 + groups * n * 2 + 2 * n}[kind]  # fp16 scales, the zero bias
+    total = sum(projection_bytes(kind, k, n) for k, n in config.shapes().values())
     return total * config.layers + 2 * config.vocab * config.hidden
 
 
@@ -267,6 +288,13 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, visibl
     return torch.matmul(probs, v_cache).reshape(q.shape[0], -1)
 
 
+def add_norm(y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add and the RMSNorm after it: (y + residual, its RMSNorm)."""
+    h = y + residual
+    return h, rms_norm(h, weight, eps)
+
+
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
@@ -274,13 +302,14 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Glue:
-    """The step's work between the projections (RMSNorm, RoPE, attention, SwiGLU), the same functions either eager, a
-    kernel per torch op, or each compiled by torch.compile (Inductor), which fuses a function's elementwise ops into a
-    few kernels as gpt-fast's compiled step does. The projections and the cache writes (index_copy_, in place) stay
-    eager outside them: each backend's own kernels, unchanged."""
+    """The step's work between the projections (RMSNorm, the residual add with it, RoPE, attention, SwiGLU), the same
+    functions either eager, a kernel per torch op, or each compiled by torch.compile (Inductor), which fuses a
+    function's elementwise ops into a few kernels as gpt-fast's compiled step does. The projections and the cache
+    writes (index_copy_, in place) stay eager outside them: each backend's own kernels, unchanged."""
 
     name: str
     norm: Callable = rms_norm
+    add_norm: Callable = add_norm
     rotate: Callable = rotate
     attend: Callable = attend
     swiglu: Callable = swiglu
@@ -296,7 +325,7 @@ def make_glue(name: str) -> Glue:
         return Glue(name)
     if name == "compiled":
         # fullgraph: a graph break would leave part of a function eager without saying so
-        return Glue(name, *(torch.compile(f, fullgraph=True) for f in (rms_norm, rotate, attend, swiglu)))
+        return Glue(name, *(torch.compile(f, fullgraph=True) for f in (rms_norm, add_norm, rotate, attend, swiglu)))
     raise ValueError(f"glue must be one of {', '.join(GLUES)}; got {name!r}")
 
 
@@ -354,21 +383,31 @@ def new_state(model: Model, batch: int, max_len: int) -> State:
                  angles.sin(), positions)
 
 
-def attention(model: Model, layer: dict, x: torch.Tensor, state: State, cache, cos, sin, visible) -> torch.Tensor:
-    """x + o(GQA attention of this step's query over the cache): the attention block, the cache written at pos."""
+def residual_add(model: Model, linear: Linear, inp: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + linear(inp), its RMSNorm): the add in the projection's kernel where the backend fuses it, else with the
+    RMSNorm in the glue."""
+    glue, c = model.glue, model.config
+    if linear.fuses_residual:
+        h = linear(inp, x)
+        return h, glue.norm(h, model.norm_weight, c.norm_eps)
+    return glue.add_norm(linear(inp), x, model.norm_weight, c.norm_eps)
+
+
+def attention(model: Model, layer: dict, x: torch.Tensor, normed: torch.Tensor, state: State, cache, cos, sin,
+              visible) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attention block on x (``normed``: its RMSNorm): x + o(GQA attention of this step's query over the cache,
+    the cache written at pos), and that sum's RMSNorm."""
     c, glue = model.config, model.glue
-    q, k, v = glue.rotate(layer["qkv"](glue.norm(x, model.norm_weight, c.norm_eps)), cos, sin, c.heads, c.kv_heads,
-                          c.head_dim)
+    q, k, v = glue.rotate(layer["qkv"](normed), cos, sin, c.heads, c.kv_heads, c.head_dim)
     k_cache, v_cache = cache
     k_cache.index_copy_(2, state.pos, k)
     v_cache.index_copy_(2, state.pos, v)
-    return layer["o"](glue.attend(q, k_cache, v_cache, visible), x)
+    return residual_add(model, layer["o"], glue.attend(q, k_cache, v_cache, visible), x)
 
 
-def feed_forward(model: Model, layer: dict, x: torch.Tensor) -> torch.Tensor:
-    """x + down(SiLU(gate) * up): the MLP block."""
-    glue = model.glue
-    return layer["down"](glue.swiglu(layer["gate_up"](glue.norm(x, model.norm_weight, model.config.norm_eps))), x)
+def feed_forward(model: Model, layer: dict, x: torch.Tensor, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The MLP block: x + down(SiLU(gate) * up), and that sum's RMSNorm."""
+    return residual_add(model, layer["down"], model.glue.swiglu(layer["gate_up"](normed)), x)
 
 
 def decode_step(model: Model, state: State) -> None:
@@ -377,18 +416,20 @@ def decode_step(model: Model, state: State) -> None:
     cos, sin = state.cos[state.pos], state.sin[state.pos]
     visible = state.positions <= state.pos
     x = model.embed[state.tokens]
+    normed = model.glue.norm(x, model.norm_weight, model.config.norm_eps)
     for layer, cache in zip(model.layers, state.caches):
-        x = attention(model, layer, x, state, cache, cos, sin, visible)
-        x = feed_forward(model, layer, x)
-    logits = model.lm_head(model.glue.norm(x, model.norm_weight, model.config.norm_eps)).float()
+        x, normed = attention(model, layer, x, normed, state, cache, cos, sin, visible)
+        x, normed = feed_forward(model, layer, x, normed)
+    logits = model.lm_head(normed).float()
     state.logits.copy_(logits)
     state.tokens.copy_(logits.argmax(dim=-1))
     state.pos.add_(1)
 
 
-def linear_calls(model: Model, batch: int) -> Callable[[], None]:
-    """Every served projection of one step, alone, on static inputs of the step's shapes: what a graph of the linear
-    layers replays (their share of a step). lm_head is not among them: it is the same dense F.linear everywhere."""
+def linear_calls(model: Model, batch: int, names: tuple[str, ...] = PROJECTIONS) -> Callable[[], None]:
+    """The served projections ``names`` of one step (every layer's), alone, on static inputs of the step's shapes, o
+    and down with the residual where the backend fuses it: what a graph of the linear layers replays (their share of
+    a step). lm_head is not among them: it is the same dense F.linear everywhere."""
     c, device = model.config, model.embed.device
     gen = torch.Generator(device=device).manual_seed(1)
 
@@ -396,13 +437,13 @@ def linear_calls(model: Model, batch: int) -> Callable[[], None]:
         return torch.randn((batch, width), generator=gen, device=device).to(model.dtype)
 
     hidden, attn, mlp, residual = static(c.hidden), static(c.heads * c.head_dim), static(c.mlp), static(c.hidden)
+    inputs = {"qkv": hidden, "o": attn, "gate_up": hidden, "down": mlp}
+    calls = [(layer[name], inputs[name], residual if name in ("o", "down") and layer[name].fuses_residual else None)
+             for layer in model.layers for name in names]
 
     def run() -> None:
-        for layer in model.layers:
-            layer["qkv"](hidden)
-            layer["o"](attn, residual)
-            layer["gate_up"](hidden)
-            layer["down"](mlp, residual)
+        for linear, x, res in calls:
+            linear(x, res)
 
     return run
 
@@ -412,10 +453,10 @@ class Stepper:
     on a side stream (they compile, autotune and make each solution's per-M launcher); the state is then reset."""
 
     def __init__(self, model: Model, state: State, graphs: bool) -> None:
-        step = functools.partial(decode_step, model, state)
-        self.graph = graph_timing.Graph(step, [()], "decode step") if graphs else None
+        self.step = functools.partial(decode_step, model, state)  # eager
+        self.graph = graph_timing.Graph(self.step, [()], "decode step") if graphs else None
         state.reset()
-        self.run = self.graph.run if graphs else step
+        self.run = self.graph.run if graphs else self.step
 
 
 def teacher_forced(stepper: Stepper, state: State, tokens: torch.Tensor, checked: int) -> torch.Tensor:

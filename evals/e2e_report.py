@@ -97,9 +97,29 @@ def plot(report: dict, path: Path) -> bool:
     return True
 
 
+def profile_lines(report: dict) -> list[str]:
+    """``--profile``: per backend, its projections alone against their weights' bandwidth limit, and the step's
+    kernels by time (evals/e2e.py, ``profiled``)."""
+    lines = []
+    for r in report["rows"]:
+        p = r.get("profile")
+        if not p:
+            continue
+        lines += ["", f"{r['backend']}, batch {p['batch']}: TPOT {r['tpot_ms']:.3f} ms, linear layers "
+                      f"{r['linear_ms']:.3f} ms, the rest of the step {r['tpot_ms'] - r['linear_ms']:.3f} ms",
+                  f"  {'projection':<10} {'K':>6} {'N':>6} {'ms/step':>8} {'us/call':>8} {'floor_ms':>8} "
+                  f"{'x_floor':>7}"]
+        lines += [f"  {name:<10} {q['k']:>6} {q['n']:>6} {q['ms']:>8.3f} {q['us_per_call']:>8.2f} "
+                  f"{q['floor_ms']:>8.3f} {q['x_floor']:>7.2f}" for name, q in p["projections"].items()]
+        lines += [f"  kernels ({p['source']}): {p['total_us'] / 1e3:.3f} ms a step in all; the longest:",
+                  f"  {'us/step':>8} {'calls':>6}  name"]
+        lines += [f"  {k['us']:>8.1f} {k['calls']:>6.0f}  {k['name'][:110]}" for k in p["kernels"]]
+    return lines
+
+
 def write(report: dict, json_path: Path | None, out: Path | None) -> None:
     """The JSON at ``json_path`` (``--json``), and under ``out`` (``--out``): e2e.json, table.txt and tokens_per_s.png
-    (timed rows only)."""
+    (timed rows only), and profile.txt where a row holds a profile."""
     text = json.dumps(report, indent=2)
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
@@ -110,3 +130,6 @@ def write(report: dict, json_path: Path | None, out: Path | None) -> None:
         table = [HEADER, *map(format_row, report["rows"]), *summary(report)]
         (out / "table.txt").write_text("\n".join(table) + "\n")
         plot(report, out / "tokens_per_s.png")
+        profile = profile_lines(report)
+        if profile:
+            (out / "profile.txt").write_text("\n".join(profile[1:]) + "\n")

@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -23,10 +24,14 @@ FAMILY = "w4a16 " + e2e.label(W4A16_FAMILY, load("w4a16"))  # "w4a16 main", or t
 V0 = ROOT / "methods" / "versions" / "v0"
 
 
+TUNED = {"DEVICE_BOUND_US": 0}  # a tuning override main's build takes (its config)
+
+
 @pytest.fixture(scope="module")
 def report():
-    """Every backend on the tiny config at batches 1 and 2 (v0 is the unservable W4A16 folder)."""
-    backends = e2e.select_backends(None, None, [str(V0), str(W4A16_FAMILY)], None)
+    """Every backend on the tiny config at batches 1 and 2 (v0 is the unservable W4A16 folder), the W4A16 folders a
+    second time built with TUNED."""
+    backends = e2e.select_backends(None, None, [str(V0), str(W4A16_FAMILY)], None, TUNED)
     options = e2e.Options(TINY, "tiny", backends, [1, 2], prompt=4, checked=2, steps=8)
     lines = []
     return e2e.run(options, log=lines.append) | {"log": lines}
@@ -36,7 +41,7 @@ def rows_of(report, backend):
     return [r for r in report["rows"] if r["backend"] == backend]
 
 
-@pytest.mark.parametrize("backend", ["bf16", "tinygemm", FAMILY, "llgemm main"])
+@pytest.mark.parametrize("backend", ["bf16", "tinygemm", FAMILY, FAMILY + " DEVICE_BOUND_US=0", "llgemm main"])
 def test_every_servable_backend_computes_the_model(report, backend):
     """One step's logits at the last two prompt positions, per batch, within the bound of the dense model in the
     backend's dtype; the bound is above zero (the reference's own rounding) and far below the logits' size."""
@@ -57,10 +62,23 @@ def test_every_servable_backend_computes_the_model(report, backend):
 
 
 def test_a_folder_without_the_identity_epilogue_is_one_row_saying_so(report):
-    rows = rows_of(report, "w4a16 v0")
-    assert len(rows) == 1 and rows[0]["batch"] is None and rows[0]["error"] is None
-    assert rows[0]["note"].startswith("not servable: its build takes only the contract's epilogues (gelu_tanh, silu)")
-    assert any(line.startswith("w4a16 v0") and "not servable" in line for line in report["log"])
+    for name in ("w4a16 v0", "w4a16 v0 DEVICE_BOUND_US=0"):
+        rows = rows_of(report, name)
+        assert len(rows) == 1 and rows[0]["batch"] is None and rows[0]["error"] is None
+        assert rows[0]["note"].startswith("not servable: its build takes only the contract's epilogues (gelu_tanh, "
+                                          "silu)")
+        assert any(line.startswith(name + " ") and "not servable" in line for line in report["log"])
+
+
+def test_a_build_without_config_is_not_served_with_overrides():
+    """--w4a16-config reaches a build only through its ``config`` parameter; a build without one says so."""
+    def build(qweight, scales, bias, epilogue):
+        raise AssertionError("never built")
+
+    module = types.SimpleNamespace(ACTIVATIONS={"identity": 2}, build=build)
+    with pytest.raises(em.Unservable, match="not servable with --w4a16-config: its build.* takes no config"):
+        em.linear_maker("w4a16", module, TUNED)
+    assert callable(em.linear_maker("w4a16", module))  # without overrides it serves
 
 
 def test_weight_bytes_follow_each_format(report):
@@ -83,7 +101,9 @@ def served(weights, make_linear, tokens, dtype=torch.bfloat16):
 
 
 class DropsResidual(em.Dense):
-    """o and down forget the residual stream: out = x @ W only."""
+    """o and down take the residual stream to fuse and forget it: out = x @ W only."""
+
+    fuses_residual = True
 
     def __call__(self, x, residual=None):
         return super().__call__(x)
@@ -98,17 +118,21 @@ def reversed_nibbles(projection):
     return em.Projection(w4.pack_int4(flipped.int()), projection.scales)
 
 
-def test_the_compiled_glue_computes_the_same_model():
-    """torch.compile'd RMSNorm, RoPE, attention and SwiGLU (the default on CUDA) against the eager reference: within the
-    bound, as the eager glue is; both glues hold the same functions."""
-    options = e2e.Options(TINY, "tiny", e2e.select_backends(["bf16"], None, None, None), [2], prompt=4, checked=2,
-                          steps=8, glue="compiled")
-    report = e2e.run(options, log=lambda line: None)
+def test_the_compiled_glue_computes_the_same_model(tmp_path):
+    """torch.compile'd RMSNorm, add + RMSNorm, RoPE, attention and SwiGLU (the default on CUDA) against the eager
+    reference: within the bound, as the eager glue is (in a subprocess, as make e2e runs it: Inductor's compile
+    workers stay out of the test process); both glues hold the same functions."""
+    out = tmp_path / "e2e.json"
+    run = subprocess.run([sys.executable, "-m", "evals.e2e", "--backends", "bf16", "--batches", "2", "--glue",
+                          "compiled", "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(out.read_text())
     [row] = report["rows"]
     assert report["glue"] == "compiled" and row["error"] is None and row["correct"], row
     compiled, eager = em.make_glue("compiled"), em.make_glue("eager")
     assert compiled is em.make_glue("compiled") and compiled.norm is not em.rms_norm
-    assert (eager.norm, eager.rotate, eager.attend, eager.swiglu) == (em.rms_norm, em.rotate, em.attend, em.swiglu)
+    assert (eager.norm, eager.add_norm, eager.rotate, eager.attend, eager.swiglu) == (
+        em.rms_norm, em.add_norm, em.rotate, em.attend, em.swiglu)
 
 
 @pytest.mark.parametrize("bug", ["drops the residual", "reads the nibbles reversed", "reads the next group's scales"])
@@ -171,6 +195,9 @@ def test_the_plot_and_table_are_written_where_asked(tmp_path):
     (["--task", "rowgain"], "--task must be one of w4a16, llgemm"),
     (["--layers", "0"], "--layers must be at least 1"),
     (["--glue", "fused"], "--glue must be one of eager, compiled"),
+    (["--w4a16-config", "[1]"], "--w4a16-config takes a non-empty JSON object"),
+    (["--w4a16-config", "{"], "--w4a16-config takes a JSON object"),
+    (["--profile", "4"], "--profile takes one of the run's batches (1,2) and needs CUDA"),
 ])
 def test_bad_input_is_refused_with_what_to_do(args, said, capsys):
     assert e2e.main(args) == 2
@@ -190,7 +217,7 @@ def test_the_8b_shape_at_two_layers_on_cuda(tmp_path):
     out = tmp_path / "e2e.json"
     run = subprocess.run([sys.executable, "-m", "evals.e2e", "--layers", "2", "--batches", "8,24", "--steps", "20",
                           "--w4a16", *dict.fromkeys(map(str, (V0, ROOT / "methods" / "main", W4A16_FAMILY))),
-                          "--json", str(out)],
+                          "--profile", "24", "--json", str(out)],
                          cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout + run.stderr
     rows = json.loads(out.read_text())["rows"]
@@ -203,4 +230,12 @@ def test_the_8b_shape_at_two_layers_on_cuda(tmp_path):
             assert math.isfinite(r[key]) and r[key] > 0, (key, r)
         assert r["linear_share"] < 1.5, r  # the linear layers alone cannot take much longer than the whole step
         assert r["x_floor"] > 0.8, r  # no step reads its weights much faster than a read-only pass does
+        if r["batch"] == 24:  # the profile: every projection alone, and the step's kernels
+            p = r["profile"]
+            assert list(p["projections"]) == list(em.PROJECTIONS), p
+            alone = sum(q["ms"] for q in p["projections"].values())  # two layers of one projection may sit in the L2
+            assert 0.7 < alone / r["linear_ms"] < 1.3 and all(q["floor_ms"] > 0 for q in p["projections"].values()), p
+            assert p["kernels"] and 0.5 < p["total_us"] / 1e3 / r["tpot_ms"] < 1.5, p
+        else:
+            assert r["profile"] is None
     assert all(r["vs_bf16"] for r in timed)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One GPU call (at most ~9 minutes): `python3 -m evals.e2e` (what `make e2e` runs) on the full Llama-3-8B shape,
-# every backend at batches 1, 8, 16, 24, 32 with the compiled glue; then the e2e GPU test; then the eager glue beside
-# it for bf16, tinygemm and the W4A16 main at batches 1 and 24 (what fusing the glue is worth). Every log, the JSON,
-# the table and the plot go to $OUT (the eager run's as eager.tar). Run from the repository root:
+# every backend at batches 1, 8, 16, 24, 32 with the compiled glue, batch 24 profiled; then the e2e GPU test; then
+# the eager glue beside it for bf16, tinygemm and the W4A16 main at batches 1 and 24 (what fusing the glue is worth).
+# The board's power and SM clock are sampled every 500 ms throughout. Every log, the JSON, the table, the profile and
+# the plot go to $OUT (the eager run and the power samples as extra.tar). Run from the repository root:
 #   OUT=<folder> bash reports/examples/e2e-decode/h200_call.sh
 # W4A16_DIRS: the W4A16 folders served (v0 takes only the contract's epilogues: its row says it is not servable;
 # main holds the identity epilogue; add methods/drafts/w4a16 while a draft exists).
@@ -10,11 +11,17 @@ set -u
 : "${OUT:?set OUT to the folder that receives the results}"
 export PYTHONUNBUFFERED=1
 W4A16_DIRS=${W4A16_DIRS:-"methods/versions/v0 methods/main"}
+# each W4A16 folder is served as built and again with these overrides: no device-bound floor, which holds a call's
+# GPU time up to its host cost where the contract times calls one by one (a graph replay has no host cost a call)
+W4A16_CONFIG=${W4A16_CONFIG:-'{"DEVICE_BOUND_US": 0}'}
 {
   nvidia-smi --query-gpu=name,power.limit,clocks.max.sm,memory.total --format=csv
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
   git log --oneline -1 && git status --short | head -20
 } >"$OUT/env.txt" 2>&1
+mkdir -p /tmp/extra
+nvidia-smi --query-gpu=timestamp,power.draw,clocks.sm,temperature.gpu --format=csv -lms 500 >/tmp/extra/power.csv &
+sampler=$!
 step() {  # step NAME SECONDS COMMAND...: the command under a timeout, its output in $OUT/NAME.log with exit and wall
   local name=$1 limit=$2 start
   shift 2
@@ -23,10 +30,11 @@ step() {  # step NAME SECONDS COMMAND...: the command under a timeout, its outpu
   echo "$name: exit ${PIPESTATUS[0]}, wall $(( $(date +%s) - start )) s" | tee -a "$OUT/$name.log"
 }
 # the JSON, table and plot are rewritten after every backend: a run cut short by the timeout keeps what it measured
-step e2e "${E2E_S:-370}" python3 -m evals.e2e --w4a16 $W4A16_DIRS --out "$OUT"
+step e2e "${E2E_S:-370}" python3 -m evals.e2e --w4a16 $W4A16_DIRS --w4a16-config "$W4A16_CONFIG" --profile 24 \
+  --out "$OUT"
 step test-gpu-e2e "${TEST_S:-90}" python3 -m pytest -q -m gpu tests/evals/test_e2e.py
-mkdir -p /tmp/eager
 step eager "${EAGER_S:-95}" python3 -m evals.e2e --glue eager --backends bf16,tinygemm,w4a16 --w4a16 methods/main \
-  --batches 1,24 --steps 100 --out /tmp/eager
-mv "$OUT/eager.log" /tmp/eager/ && tar -C /tmp -cf "$OUT/eager.tar" eager
+  --batches 1,24 --steps 100 --out /tmp/extra/eager
+kill "$sampler"
+mv "$OUT/eager.log" /tmp/extra/eager/ && tar -C /tmp -cf "$OUT/extra.tar" extra
 ls -la "$OUT"
