@@ -288,6 +288,20 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, visibl
     return torch.matmul(probs, v_cache).reshape(q.shape[0], -1)
 
 
+def attend_reduce(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  visible: torch.Tensor) -> torch.Tensor:
+    """``attend`` as two multiply-sums in fp32, which torch.compile fuses into a reduction kernel each, reading the
+    cache once (cuBLAS's batched GEMMs for these thin products ran at about a third of the cache's bandwidth:
+    reports/examples/e2e-decode). Eager, it materializes the products (B, kv_heads, group, L, head_dim) in fp32."""
+    scores = (q.float()[:, :, :, None, :] * k_cache.float()[:, :, None]).sum(-1) * q.shape[-1]**-0.5
+    probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+    out = (probs[..., None] * v_cache.float()[:, :, None]).sum(-2)
+    return out.to(q.dtype).reshape(q.shape[0], -1)
+
+
+ATTENTIONS = {"matmul": attend, "reduce": attend_reduce}
+
+
 def add_norm(y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
              eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual add and the RMSNorm after it: (y + residual, its RMSNorm)."""
@@ -308,6 +322,7 @@ class Glue:
     writes (index_copy_, in place) stay eager outside them: each backend's own kernels, unchanged."""
 
     name: str
+    attention: str = "matmul"  # ATTENTIONS' key of ``attend``
     norm: Callable = rms_norm
     add_norm: Callable = add_norm
     rotate: Callable = rotate
@@ -319,13 +334,17 @@ GLUES = ("eager", "compiled")
 
 
 @functools.cache
-def make_glue(name: str) -> Glue:
-    """The glue by name, made once: every backend of a run shares the compiled functions (and their compile cache)."""
+def make_glue(name: str, attention: str = "matmul") -> Glue:
+    """The glue by name with ``attend`` from ATTENTIONS, made once: every backend of a run shares the compiled
+    functions (and their compile cache)."""
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}; got {attention!r}")
+    functions = (rms_norm, add_norm, rotate, ATTENTIONS[attention], swiglu)
     if name == "eager":
-        return Glue(name)
+        return Glue(name, attention, *functions)
     if name == "compiled":
         # fullgraph: a graph break would leave part of a function eager without saying so
-        return Glue(name, *(torch.compile(f, fullgraph=True) for f in (rms_norm, add_norm, rotate, attend, swiglu)))
+        return Glue(name, attention, *(torch.compile(f, fullgraph=True) for f in functions))
     raise ValueError(f"glue must be one of {', '.join(GLUES)}; got {name!r}")
 
 
