@@ -2,8 +2,7 @@
 
     python -m evals.e2e [--task w4a16|llgemm] [--backends bf16,tinygemm,w4a16,llgemm] [--w4a16 DIR ...]
                         [--llgemm DIR] [--config llama3-8b|tiny] [--layers N] [--batches 1,8,16,24,32]
-                        [--prompt 16] [--steps 200] [--glue compiled|eager] [--attention reduce|matmul]
-                        [--w4a16-config JSON]
+                        [--prompt 16] [--steps 200] [--glue compiled|eager] [--w4a16-config JSON]
                         [--profile BATCH] [--json FILE] [--out DIR]
 
 The model (evals/e2e_model.py) has random weights, quantized once into the W4A16 encoding; every backend serves the
@@ -42,9 +41,7 @@ same weight values. Its projections (qkv, o, gate_up, down; lm_head is dense F.l
 - the glue (``--glue``): what lies between the projections (RMSNorm, RoPE, attention, SwiGLU) runs either as
   torch.compile'd functions (``compiled``, the default on CUDA: a few fused kernels a layer, as gpt-fast's compiled
   step) or eagerly (``eager``, a kernel per torch op; the default without CUDA). Every backend runs the same glue;
-  the references are always eager. ``--attention``: ``reduce`` (the default with the compiled glue) computes the
-  attention as fp32 multiply-sums that Inductor fuses, ``matmul`` (the default with the eager glue) by torch.matmul
-  (cuBLAS's batched GEMMs); the references use ``matmul``, so each checks the other.
+  the references are always eager.
 - ``--profile BATCH`` (CUDA): where that batch's step goes, per backend: each projection's graph alone (every layer's
   calls) against its weights' bandwidth limit, and the step's kernels by time (torch.profiler over PROFILE_STEPS
   graph replays); written into the rows and ``profile.txt``.
@@ -67,9 +64,9 @@ import torch
 from evals import graph_timing
 from evals import kernel_harness as kh
 from evals import task as tasks
-from evals.e2e_model import (ATTENTIONS, CONFIGS, GLUES, Config, Dense, Model, State, Stepper, Unservable, Weights,
-                             build_model, linear_calls, linear_maker, make_glue, new_state, projection_bytes,
-                             random_weights, stored_bytes, teacher_forced)
+from evals.e2e_model import (CONFIGS, GLUES, Config, Dense, Model, State, Stepper, Unservable, Weights, build_model,
+                             linear_calls, linear_maker, make_glue, new_state, projection_bytes, random_weights,
+                             stored_bytes, teacher_forced)
 from evals.e2e_report import HEADER, add_ratios, format_row, profile_lines, summary, write
 from evals.loader import load_solution, resolve_solution_dir, unload_solution
 from evals.selfcheck import error_line
@@ -139,7 +136,6 @@ class Options:
     checked: int
     steps: int
     glue: str = "eager"
-    attention: str = "matmul"
     profile: int | None = None  # the batch whose step is profiled
     json: Path | None = None
     out: Path | None = None
@@ -327,8 +323,7 @@ def run_backend(backend: Backend, weights: Weights, tokens: torch.Tensor, refs: 
     modules = []
     try:
         before = allocated()
-        glue = make_glue(options.glue, options.attention)
-        model = build_model(weights, load_linear(backend, modules), backend.dtype, glue)
+        model = build_model(weights, load_linear(backend, modules), backend.dtype, make_glue(options.glue))
         resident = (allocated() - before) / 1e9 if read_gbps is not None else None
         weight_gb = stored_bytes(backend.kind, options.config) / 1e9
         rows = []
@@ -366,8 +361,7 @@ def run(options: Options, log=print) -> dict:
     report = {"device": info.name, "config": options.config_name, "model": asdict(config),
               "batches": options.batches, "prompt": options.prompt, "checked": options.checked,
               "steps": options.steps, "warmup": WARMUP, "bound_factor": BOUND_FACTOR, "timed": graphs,
-              "glue": options.glue, "attention": options.attention, "read_gbps": read_gbps,
-              "provenance": provenance(), "rows": []}
+              "glue": options.glue, "read_gbps": read_gbps, "provenance": provenance(), "rows": []}
     log(HEADER)
     for backend in options.backends:
         rows = [asdict(r) for r in run_backend(backend, weights, tokens, refs, options, read_gbps)]
@@ -409,9 +403,6 @@ def options_from(args: argparse.Namespace, cuda: bool) -> Options:
     glue = args.glue or ("compiled" if cuda else "eager")
     if glue not in GLUES:
         raise ValueError(f"--glue must be one of {', '.join(GLUES)}; got {glue!r}")
-    attention = args.attention or ("reduce" if glue == "compiled" else "matmul")
-    if attention not in ATTENTIONS:
-        raise ValueError(f"--attention must be one of {', '.join(ATTENTIONS)}; got {attention!r}")
     batches = batch_list(args.batches) if args.batches else list(defaults["batches"])
     if args.profile is not None and (args.profile not in batches or not cuda):
         raise ValueError(f"--profile takes one of the run's batches ({','.join(map(str, batches))}) and needs CUDA "
@@ -419,7 +410,7 @@ def options_from(args: argparse.Namespace, cuda: bool) -> Options:
     kinds = [k.strip() for k in args.backends.split(",")] if args.backends else None
     return Options(config, name,
                    select_backends(kinds, args.task, args.w4a16, args.llgemm, overrides(args.w4a16_config)),
-                   batches, prompt, min(defaults["checked"], prompt), args.steps, glue, attention, args.profile,
+                   batches, prompt, min(defaults["checked"], prompt), args.steps, glue, args.profile,
                    Path(args.json) if args.json else None, Path(args.out) if args.out else None)
 
 
@@ -455,8 +446,6 @@ def parser() -> argparse.ArgumentParser:
                         "as '{\"DEVICE_BOUND_US\": 0}'")
     p.add_argument("--profile", type=int, metavar="BATCH",
                    help="CUDA: where this batch's step goes, per backend (projections alone, kernels by time)")
-    p.add_argument("--attention", help="reduce (fp32 multiply-sums; the default with the compiled glue) or matmul "
-                                       "(torch.matmul; the default with the eager glue)")
     p.add_argument("--glue", help="the work between the projections: compiled (torch.compile; the default with CUDA) "
                                   "or eager (the default without)")
     p.add_argument("--json", help="write the report here")

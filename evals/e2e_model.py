@@ -282,24 +282,11 @@ def rotate(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, 
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     """Grouped-query attention of q (B, kv_heads, group, head_dim) over the cache, positions not ``visible`` masked,
-    scores and softmax in fp32: (B, kv_heads * group * head_dim)."""
+    scores and softmax in fp32: (B, kv_heads * group * head_dim). The products are torch.matmul's (cuBLAS's batched
+    GEMMs): as fp32 multiply-sums that Inductor fuses they took 2.8x as long (reports/examples/e2e-decode)."""
     scores = torch.matmul(q, k_cache.transpose(-1, -2)).float() * q.shape[-1]**-0.5
     probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1).to(q.dtype)
     return torch.matmul(probs, v_cache).reshape(q.shape[0], -1)
-
-
-def attend_reduce(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  visible: torch.Tensor) -> torch.Tensor:
-    """``attend`` as two multiply-sums in fp32, which torch.compile fuses into a reduction kernel each, reading the
-    cache once (cuBLAS's batched GEMMs for these thin products ran at about a third of the cache's bandwidth:
-    reports/examples/e2e-decode). Eager, it materializes the products (B, kv_heads, group, L, head_dim) in fp32."""
-    scores = (q.float()[:, :, :, None, :] * k_cache.float()[:, :, None]).sum(-1) * q.shape[-1]**-0.5
-    probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
-    out = (probs[..., None] * v_cache.float()[:, :, None]).sum(-2)
-    return out.to(q.dtype).reshape(q.shape[0], -1)
-
-
-ATTENTIONS = {"matmul": attend, "reduce": attend_reduce}
 
 
 def add_norm(y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
@@ -322,7 +309,6 @@ class Glue:
     writes (index_copy_, in place) stay eager outside them: each backend's own kernels, unchanged."""
 
     name: str
-    attention: str = "matmul"  # ATTENTIONS' key of ``attend``
     norm: Callable = rms_norm
     add_norm: Callable = add_norm
     rotate: Callable = rotate
@@ -334,17 +320,13 @@ GLUES = ("eager", "compiled")
 
 
 @functools.cache
-def make_glue(name: str, attention: str = "matmul") -> Glue:
-    """The glue by name with ``attend`` from ATTENTIONS, made once: every backend of a run shares the compiled
-    functions (and their compile cache)."""
-    if attention not in ATTENTIONS:
-        raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}; got {attention!r}")
-    functions = (rms_norm, add_norm, rotate, ATTENTIONS[attention], swiglu)
+def make_glue(name: str) -> Glue:
+    """The glue by name, made once: every backend of a run shares the compiled functions (and their compile cache)."""
     if name == "eager":
-        return Glue(name, attention, *functions)
+        return Glue(name)
     if name == "compiled":
         # fullgraph: a graph break would leave part of a function eager without saying so
-        return Glue(name, attention, *(torch.compile(f, fullgraph=True) for f in functions))
+        return Glue(name, *(torch.compile(f, fullgraph=True) for f in (rms_norm, add_norm, rotate, attend, swiglu)))
     raise ValueError(f"glue must be one of {', '.join(GLUES)}; got {name!r}")
 
 

@@ -45,8 +45,8 @@ def summary(report: dict) -> list[str]:
     M range where the run has such batches."""
     lines = []
     if report.get("read_gbps"):
-        lines.append(f"glue {report['glue']}, attention {report['attention']}; the weights' bandwidth limit "
-                     f"(floor_ms) at {report['read_gbps']:.0f} GB/s, a read-only pass's")
+        lines.append(f"glue {report['glue']}; the weights' bandwidth limit (floor_ms) at {report['read_gbps']:.0f} "
+                     "GB/s, a read-only pass's")
     for name in dict.fromkeys(r["backend"] for r in report["rows"] if r["vs_bf16"] or r["vs_tinygemm"]):
         rows = [r for r in report["rows"] if r["backend"] == name and r["tokens_per_s"]]
         for label_, chosen in (("every batch", rows),
