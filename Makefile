@@ -75,15 +75,20 @@ sweep: ## tuning overrides of a solution on the GPU, checked then timed in child
 bench: ## the baseline, main and the task's peers against the host and GPU floors, host us/call (needs CUDA) [TASK=] [NO_PEERS=1] [JSON=]
 	$(PY) -m evals.bench $(T) $(P) $(if $(NO_PEERS),--no-peers) $(if $(JSON),--json $(JSON))
 
-# make e2e: W4A16="DIR ..." the W4A16 solution folders it serves (default: the task's v0 and main)
+# make e2e: W4A16="DIR ..." the W4A16 solution folders it serves (default: the task's v0 and main);
+# W4A16_CONFIG='{"KEY": value}' serves each of them again built with those tuning overrides;
+# PROFILE=batch profiles that batch's step (CUDA)
 W4A16 ?=
+W4A16_CONFIG ?=
 BATCHES ?=
 LAYERS ?=
 STEPS ?=
+GLUE ?=
+PROFILE ?=
 OUT ?=
 
-e2e: ## decode tokens/s of a Llama-3-8B-shaped model, its linear layers per backend (timing needs CUDA; CPU: a tiny model, correctness only): [TASK=w4a16|llgemm] [W4A16="DIR ..."] [BATCHES=1,8,16,24,32] [LAYERS=32] [STEPS=200] [GLUE=compiled|eager] [JSON=] [OUT=dir]
-	$(PY) -m evals.e2e $(T) $(if $(W4A16),--w4a16 $(W4A16)) $(if $(BATCHES),--batches $(BATCHES)) $(if $(LAYERS),--layers $(LAYERS)) $(if $(STEPS),--steps $(STEPS)) $(if $(GLUE),--glue $(GLUE)) $(if $(JSON),--json $(JSON)) $(if $(OUT),--out $(OUT))
+e2e: ## decode tokens/s of a Llama-3-8B-shaped model, its linear layers per backend (timing needs CUDA; CPU: a tiny model, correctness only): [TASK=w4a16|llgemm] [W4A16="DIR ..."] [BATCHES=1,8,16,24,32] [LAYERS=32] [STEPS=200] [GLUE=compiled|eager] [W4A16_CONFIG=JSON] [PROFILE=batch] [JSON=] [OUT=dir]
+	$(PY) -m evals.e2e $(T) $(if $(W4A16),--w4a16 $(W4A16)) $(if $(BATCHES),--batches $(BATCHES)) $(if $(LAYERS),--layers $(LAYERS)) $(if $(STEPS),--steps $(STEPS)) $(if $(GLUE),--glue $(GLUE)) $(if $(W4A16_CONFIG),--w4a16-config '$(W4A16_CONFIG)') $(if $(PROFILE),--profile $(PROFILE)) $(if $(JSON),--json $(JSON)) $(if $(OUT),--out $(OUT))
 
 qualify: ## host cost, GPU time and the verifier's timed vectors per plan (needs CUDA): [TASK=] SOLUTION= [PANEL=] [QGRID=FILE] [REPEATS=3] [JSON=]
 	$(PY) -m evals.qualify $(T) $(S) $(P) $(if $(QGRID),--grid $(QGRID)) --repeats $(REPEATS) $(if $(JSON),--json $(JSON))

@@ -263,7 +263,7 @@ def profiled(model: Model, state: State, stepper: Stepper, backend: Backend, bat
     alone, ms per step and us per call, against its weights' bandwidth limit. ``kernels``: the step's kernels by time,
     from torch.profiler over PROFILE_STEPS replays of the step's graph, or eager steps where it sees no kernel in a
     replay (``source``; the PROFILE_KERNELS longest; ``total_us`` sums them all). The state is reset before each:
-    the cache has no room left past the timed steps, and a step costs the same at every position (attention reads
+    the cache has fewer positions left than PROFILE_STEPS, and a step costs the same at every position (attention reads
     the whole cache, masked)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -408,8 +408,11 @@ def options_from(args: argparse.Namespace, cuda: bool) -> Options:
         raise ValueError(f"--profile takes one of the run's batches ({','.join(map(str, batches))}) and needs CUDA "
                          f"(the profile is of the step's CUDA graph); got {args.profile}")
     kinds = [k.strip() for k in args.backends.split(",")] if args.backends else None
-    return Options(config, name,
-                   select_backends(kinds, args.task, args.w4a16, args.llgemm, overrides(args.w4a16_config)),
+    backends = select_backends(kinds, args.task, args.w4a16, args.llgemm, overrides(args.w4a16_config))
+    if args.w4a16_config is not None and not any(b.kind == "w4a16" for b in backends):
+        raise ValueError("--w4a16-config tunes the W4A16 folders, and this run serves none: add w4a16 to --backends "
+                         "(or use --task w4a16)")
+    return Options(config, name, backends,
                    batches, prompt, min(defaults["checked"], prompt), args.steps, glue, args.profile,
                    Path(args.json) if args.json else None, Path(args.out) if args.out else None)
 
@@ -449,7 +452,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--glue", help="the work between the projections: compiled (torch.compile; the default with CUDA) "
                                   "or eager (the default without)")
     p.add_argument("--json", help="write the report here")
-    p.add_argument("--out", help="write e2e.json, table.txt and tokens_per_s.png into this folder")
+    p.add_argument("--out", help="write e2e.json, table.txt, tokens_per_s.png (and profile.txt with --profile) into "
+                                 "this folder")
     return p
 
 
@@ -464,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in summary(report) + profile_lines(report):
         print(line)
     servable = [r for r in report["rows"] if r["batch"] is not None or r["error"]]
-    return 0 if servable and all(r["correct"] for r in servable) else 1
+    return 0 if servable and all(r["correct"] and not r["error"] for r in servable) else 1
 
 
 if __name__ == "__main__":

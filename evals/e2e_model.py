@@ -14,9 +14,9 @@ The step. One token per sequence at position ``pos`` (a device tensor, so that a
 embedding, per layer RMSNorm -> qkv -> RoPE -> the cache write -> grouped-query attention over the cache (a plain
 matmul-softmax-matmul, scores in fp32, positions past ``pos`` masked) -> o + the residual -> RMSNorm -> gate_up ->
 SiLU(gate) * up -> down + the residual, then RMSNorm, lm_head (fp32 logits), the greedy next token into ``tokens``
-and ``pos`` + 1. Batch rows never interact. Each residual add is fused: into the projection's kernel where the backend
-fuses it (``fuses_residual``: the W4A16 solutions), else into the RMSNorm that follows it (``Glue.add_norm``), as a
-serving stack fuses add and RMSNorm.
+and ``pos`` + 1. Batch rows never interact. Each residual add goes into the projection's kernel where the backend
+fuses it (``fuses_residual``: the W4A16 solutions), else into the RMSNorm that follows it (``Glue.add_norm``: one
+kernel with the compiled glue, as a serving stack fuses add and RMSNorm).
 """
 from __future__ import annotations
 
@@ -186,8 +186,8 @@ class W4A16:
 
     def __init__(self, module, projection: Projection, zeros: dict, config: dict | None = None) -> None:
         bias = torch.zeros(projection.n, dtype=torch.float16, device=projection.qweight.device)
-        extra = (config,) if config is not None else ()
-        self.fn = module.build(projection.qweight, projection.scales, bias, "identity", *extra)
+        extra = {"config": config} if config is not None else {}
+        self.fn = module.build(projection.qweight, projection.scales, bias, "identity", **extra)
         self.n, self.zeros = projection.n, zeros
 
     def __call__(self, x, residual=None):
@@ -234,7 +234,7 @@ def linear_maker(kind: str, module=None, config: dict | None = None) -> Callable
     accepted = getattr(module, "ACTIVATIONS", None)
     if accepted is not None and "identity" not in accepted:
         raise Unservable(UNSERVABLE.format(", ".join(sorted(accepted))))
-    if config is not None and "config" not in inspect.signature(module.build).parameters:
+    if config is not None and not takes_config(module.build):
         raise Unservable("not servable with --w4a16-config: its build(qweight, scales, bias, epilogue) takes no config")
     zeros = {}  # one zero residual per shape, shared by the backend's layers
     return lambda p: W4A16(module, p, zeros, config)
@@ -246,6 +246,12 @@ def projection_bytes(kind: str, k: int, n: int) -> int:
     return {"bf16": 2 * k * n, "llgemm": 2 * k * n,
             "tinygemm": k * n // 2 + groups * n * 4,  # bf16 scale and zero per group and column
             "w4a16": k * n // 2 + groups * n * 2 + 2 * n}[kind]  # fp16 scales, the zero bias
+
+
+def takes_config(build: Callable) -> bool:
+    """Whether a W4A16 build accepts the keyword ``config`` (a parameter of that name, or ``**kwargs``)."""
+    parameters = inspect.signature(build).parameters.values()
+    return any((p.name == "config" and p.kind is not p.POSITIONAL_ONLY) or p.kind is p.VAR_KEYWORD for p in parameters)
 
 
 def stored_bytes(kind: str, config: Config) -> int:

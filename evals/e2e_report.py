@@ -20,19 +20,20 @@ def add_ratios(rows: list[dict]) -> None:
                 r[key] = r["tokens_per_s"] / other if other else None
 
 
-HEADER = (f"{'backend':<26} {'batch':>5} {'tok/s':>9} {'TPOT_ms':>8} {'lin_ms':>7} {'lin%':>5} {'weight_GB':>9} "
+NAME = 30  # the backend column: "w4a16 main DEVICE_BOUND_US=0" fits
+HEADER = (f"{'backend':<{NAME}} {'batch':>5} {'tok/s':>9} {'TPOT_ms':>8} {'lin_ms':>7} {'lin%':>5} {'weight_GB':>9} "
           f"{'GB/s':>6} {'floor_ms':>8} {'x_floor':>7} {'max|err|':>9} {'bound':>9} {'ok':>3} {'greedy':>7} "
           f"{'x_bf16':>6} {'x_tiny':>6}  note")
 
 
 def format_row(r: dict) -> str:
     if r["batch"] is None:
-        return f"{r['backend']:<26} {'-':>5}  " + (f"error {r['error']}" if r["error"] else r["note"])
+        return f"{r['backend']:<{NAME}} {'-':>5}  " + (f"error {r['error']}" if r["error"] else r["note"])
     num = kh.cell
     ok = "-" if r["correct"] is None else ("yes" if r["correct"] else "NO")
     note = "; ".join(x for x in (r["note"], r["error"] and f"error {r['error']}") if x)
     greedy = "-" if r["tokens_checked"] is None else f"{r['tokens_agree']}/{r['tokens_checked']}"
-    return (f"{r['backend']:<26} {r['batch']:>5} {num(r['tokens_per_s'], '.1f'):>9} {num(r['tpot_ms'], '.3f'):>8} "
+    return (f"{r['backend']:<{NAME}} {r['batch']:>5} {num(r['tokens_per_s'], '.1f'):>9} {num(r['tpot_ms'], '.3f'):>8} "
             f"{num(r['linear_ms'], '.3f'):>7} {num(r['linear_share'] and 100 * r['linear_share'], '.0f'):>5} "
             f"{num(r['weight_gb'], '.4g'):>9} {num(r['gbps'], '.0f'):>6} {num(r['floor_ms'], '.3f'):>8} "
             f"{num(r['x_floor']):>7} {num(r['max_abs_err'], '.3g'):>9} "

@@ -79,6 +79,9 @@ def test_a_build_without_config_is_not_served_with_overrides():
     with pytest.raises(em.Unservable, match="not servable with --w4a16-config: its build.* takes no config"):
         em.linear_maker("w4a16", module, TUNED)
     assert callable(em.linear_maker("w4a16", module))  # without overrides it serves
+    assert em.takes_config(lambda qweight, scales, bias, epilogue, *, config=None: None)
+    assert em.takes_config(lambda qweight, scales, bias, epilogue, **tuning: None)
+    assert not em.takes_config(lambda qweight, scales, bias, epilogue, tuning=None: None)
 
 
 def test_weight_bytes_follow_each_format(report):
@@ -123,8 +126,9 @@ def test_the_compiled_glue_computes_the_same_model(tmp_path):
     reference: within the bound, as the eager glue is (in a subprocess, as make e2e runs it: Inductor's compile
     workers stay out of the test process); both glues hold the same functions."""
     out = tmp_path / "e2e.json"
-    run = subprocess.run([sys.executable, "-m", "evals.e2e", "--backends", "bf16", "--batches", "2", "--glue",
-                          "compiled", "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    run = subprocess.run([sys.executable, "-m", "evals.e2e", "--config", "tiny", "--backends", "bf16", "--batches", "2",
+                          "--glue", "compiled", "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     report = json.loads(out.read_text())
     [row] = report["rows"]
@@ -197,7 +201,8 @@ def test_the_plot_and_table_are_written_where_asked(tmp_path):
     (["--glue", "fused"], "--glue must be one of eager, compiled"),
     (["--w4a16-config", "[1]"], "--w4a16-config takes a non-empty JSON object"),
     (["--w4a16-config", "{"], "--w4a16-config takes a JSON object"),
-    (["--profile", "4"], "--profile takes one of the run's batches (1,2) and needs CUDA"),
+    (["--profile", "4", "--config", "tiny"], "--profile takes one of the run's batches (1,2) and needs CUDA"),
+    (["--backends", "bf16", "--w4a16-config", '{"SPLIT_K": 2}'], "--w4a16-config tunes the W4A16 folders, and this"),
 ])
 def test_bad_input_is_refused_with_what_to_do(args, said, capsys):
     assert e2e.main(args) == 2
