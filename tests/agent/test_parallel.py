@@ -321,7 +321,7 @@ def test_a_cluster_of_another_kind_or_gone_is_refused_or_stops_the_run(toy: Path
         workers.close()
 
 
-def test_an_interrupt_kills_every_workers_evaluation_and_starts_no_more(tmp_path, monkeypatch):
+def test_an_interrupt_kills_every_workers_evaluation_and_starts_no_more(tmp_path, monkeypatch, request):
     """A second Ctrl-C reaches the main thread only: the batch kills the workers' process groups, and the stages they
     would go on to never start."""
     import signal
@@ -333,15 +333,29 @@ def test_an_interrupt_kills_every_workers_evaluation_and_starts_no_more(tmp_path
     task = types.SimpleNamespace(eval_timeout_s=120.0, stages=())
     workers = pool.LocalPool(task, "smoke", True, tmp_path, pool.make_slots(["", ""]))
     jobs = [pool.Job(i, f"j{i}", tmp_path / "long", tmp_path, False, None, None) for i in range(2)]
-    # Ctrl-C as a terminal sends it, to the main thread, while the evaluations sleep 60 s
-    threading.Timer(1.5, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)).start()
+    # Ctrl-C raises as in an interactive shell (a shell without job control starts background jobs ignoring SIGINT)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
+    sent = {}
+
+    def ctrl_c() -> None:  # as a terminal sends it, to the main thread, once both evaluations sleep their 60 s
+        deadline = time.monotonic() + 30
+        while len(runner._RUNNING) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        sent.update(running=len(runner._RUNNING), at=time.monotonic() - started)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
     started = time.monotonic()
+    threading.Thread(target=ctrl_c, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
-        workers.evaluate(jobs, 120.0, False)
+        verdicts = workers.evaluate(jobs, 120.0, False)
+        pytest.fail(f"the batch ended without the interrupt, {time.monotonic() - started:.1f} s in (Ctrl-C sent "
+                    f"{sent}; handler now {signal.getsignal(signal.SIGINT)}): {str(verdicts)[:1500]}")
     deadline = time.monotonic() + 15
     while runner._RUNNING and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not runner._RUNNING and time.monotonic() - started < 15, "an evaluation outlived the interrupt"
+    assert not runner._RUNNING and time.monotonic() - started - sent["at"] < 15, "an evaluation outlived the interrupt"
     assert run_command([sys.executable, "-c", "print(1)"], tmp_path, 10)["output"].startswith("[not started")
 
 
