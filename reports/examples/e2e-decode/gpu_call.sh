@@ -5,7 +5,7 @@
 # at batches 1 and 24 (what fusing the glue is worth). The board's power and SM clock are sampled every 500 ms
 # throughout. Every log, the JSON, the table, the profile and the plot go to $OUT (the LL-GEMM and eager runs and the
 # power samples as extra.tar). Run from the repository root:
-#   OUT=<folder> bash reports/examples/e2e-decode/h200_call.sh
+#   OUT=<folder> bash reports/examples/e2e-decode/gpu_call.sh
 # W4A16_DIRS: the W4A16 folders served (v0 takes only the contract's epilogues: its row says it is not servable;
 # main holds the identity epilogue; add methods/drafts/w4a16 while a draft exists).
 set -u
@@ -31,12 +31,14 @@ step() {  # step NAME SECONDS COMMAND...: the command under a timeout, its outpu
   echo "$name: exit ${PIPESTATUS[0]}, wall $(( $(date +%s) - start )) s" | tee -a "$OUT/$name.log"
 }
 # the JSON, table and plot are rewritten after every backend: a run cut short by the timeout keeps what it measured
-step e2e "${E2E_S:-370}" python3 -m evals.e2e --w4a16 $W4A16_DIRS --w4a16-config "$W4A16_CONFIG" --profile 24 \
+step e2e "${E2E_S:-300}" python3 -m evals.e2e --w4a16 $W4A16_DIRS --w4a16-config "$W4A16_CONFIG" --profile 24 \
   --out "$OUT"
-step llgemm "${LLGEMM_S:-60}" python3 -m evals.e2e --backends bf16,llgemm --batches 8 --profile 8 --out /tmp/extra/llgemm
+step llgemm "${LLGEMM_S:-60}" python3 -m evals.e2e --backends bf16,llgemm --batches 8 --profile 8 \
+  --out /tmp/extra/llgemm
 step test-gpu-e2e "${TEST_S:-90}" python3 -m pytest -q -m gpu tests/evals/test_e2e.py
-step eager "${EAGER_S:-95}" python3 -m evals.e2e --glue eager --backends bf16,tinygemm,w4a16 --w4a16 methods/main \
+step eager "${EAGER_S:-90}" python3 -m evals.e2e --glue eager --backends bf16,tinygemm,w4a16 --w4a16 methods/main \
   --batches 1,24 --steps 100 --out /tmp/extra/eager
 kill "$sampler"
-mv "$OUT/eager.log" /tmp/extra/eager/ && mv "$OUT/llgemm.log" /tmp/extra/llgemm/ && tar -C /tmp -cf "$OUT/extra.tar" extra
+mv "$OUT/llgemm.log" "$OUT/eager.log" /tmp/extra/  # beside the runs' folders, whichever of them exist
+tar -C /tmp -cf "$OUT/extra.tar" extra
 ls -la "$OUT"
