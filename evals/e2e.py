@@ -241,6 +241,14 @@ def elapsed_ms(run: Callable[[], None], replays: int) -> float:
     return start.elapsed_time(end) / replays
 
 
+def graph_ms(calls: Callable[[], None], name: str) -> float:
+    """Milliseconds per replay of a CUDA graph of ``calls`` (after three untimed replays), LINEAR_REPLAYS replays."""
+    graph = graph_timing.Graph(calls, [()], name)
+    for _ in range(3):
+        graph.run()
+    return elapsed_ms(graph.run, LINEAR_REPLAYS)
+
+
 def timed(row: Row, model: Model, stepper: Stepper, batch: int, steps: int, read_gbps: float) -> None:
     """The timing columns of ``row`` (CUDA only): tokens/s and TPOT over ``steps`` replays, the gap to the weights'
     bandwidth limit, the linear layers' share."""
@@ -251,10 +259,7 @@ def timed(row: Row, model: Model, stepper: Stepper, batch: int, steps: int, read
     row.gbps = row.weight_gb / (row.tpot_ms / 1e3)
     row.floor_ms = row.weight_gb / read_gbps * 1e3
     row.x_floor = row.tpot_ms / row.floor_ms
-    linears = graph_timing.Graph(linear_calls(model, batch), [()], "linear layers")
-    for _ in range(3):
-        linears.run()
-    row.linear_ms = elapsed_ms(linears.run, LINEAR_REPLAYS)
+    row.linear_ms = graph_ms(linear_calls(model, batch), "linear layers")
     row.linear_share = row.linear_ms / row.tpot_ms
 
 
@@ -270,14 +275,10 @@ def profiled(model: Model, state: State, stepper: Stepper, backend: Backend, bat
     layers = model.config.layers
     projections = {}
     for name, (k, n) in model.config.shapes().items():
-        graph = graph_timing.Graph(linear_calls(model, batch, (name,)), [()], name)
-        for _ in range(3):
-            graph.run()
-        ms = elapsed_ms(graph.run, LINEAR_REPLAYS)
+        ms = graph_ms(linear_calls(model, batch, (name,)), name)
         floor_ms = projection_bytes(backend.kind, k, n) * layers / read_gbps / 1e6
         projections[name] = {"k": k, "n": n, "ms": ms, "us_per_call": ms * 1e3 / layers, "floor_ms": floor_ms,
                              "x_floor": ms / floor_ms}
-        del graph
     for source, run in (("graph replays", stepper.run), ("eager steps", stepper.step)):
         state.reset()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
