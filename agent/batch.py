@@ -64,6 +64,7 @@ def step(run) -> None:
     verdicts = run.pool.evaluate(jobs, run.state.eval_limit_s, run.config.full_check, slots)
     for verdict, slot in zip(verdicts, slots):
         verdict["worker"] = worker_of(verdict, slot)
+    mark_shared(verdicts)
     jobs, lost = choose(run, jobs, verdicts, slots)
     eval_s = time.monotonic() - started  # the batch's evaluations side by side, and its keeper's evaluation alone
     for proposal, job, verdict in zip(proposals, jobs, verdicts):
@@ -85,6 +86,21 @@ def worker_of(verdict: dict, slot: Slot) -> dict:
     was shared with another worker of the batch."""
     return {"gpu": verdict.pop("worker_gpu", slot.gpu), "host": verdict.pop("worker_host", None),
             "address": verdict.pop("worker_address", None), "shared": slot.shared}
+
+
+def mark_shared(verdicts: list[dict]) -> None:
+    """Cluster workers that ran beside each other on one GPU (two worker addresses on the same host with the same
+    CUDA_VISIBLE_DEVICES, unset included) have shared timings too, which a cluster's slots cannot know before the
+    verdicts name their workers. One worker running two jobs ran them one after the other: not shared."""
+    places: dict[tuple, set] = {}
+    for verdict in verdicts:
+        worker = verdict["worker"]
+        if worker["host"]:
+            places.setdefault((worker["host"], worker["gpu"]), set()).add(worker["address"])
+    for verdict in verdicts:
+        worker = verdict["worker"]
+        if worker["host"] and len(places[(worker["host"], worker["gpu"])]) > 1:
+            worker["shared"] = True
 
 
 def seconds(verdict: dict) -> float:

@@ -32,23 +32,23 @@ def toy(tmp_path: Path) -> Path:
     return project
 
 
-def entries(project: Path) -> list[dict]:
-    return ledger.index_entries(Task.load(project, TASK))
+def entries(project: Path, task: str | None = TASK) -> list[dict]:
+    return ledger.index_entries(Task.load(project, task))
 
 
-def rows(project: Path) -> list[str]:
-    return [line for line in (project / TASK / "experiment_log.md").read_text().splitlines()
+def rows(project: Path, task: str | None = TASK) -> list[str]:
+    return [line for line in Task.load(project, task).ledger_path.read_text().splitlines()
             if ATTEMPT_ROW.match(line) and not line.startswith("| v0 |")]
 
 
-def assert_one_record_per_attempt(project: Path, iters: int) -> list[dict]:
-    found = entries(project)
+def assert_one_record_per_attempt(project: Path, iters: int, task: str | None = TASK) -> list[dict]:
+    found = entries(project, task)
     assert [e["iteration"] for e in found] == list(range(1, iters + 1)), found
     assert [e["version"] for e in found] == [f"v{i}" for i in range(1, iters + 1)]
-    assert [r.split(" | ")[0] for r in rows(project)] == [f"| v{i}" for i in range(1, iters + 1)]
+    assert [r.split(" | ")[0] for r in rows(project, task)] == [f"| v{i}" for i in range(1, iters + 1)]
     assert len({e["sha256"] for e in found}) == iters, "a batch evaluated the same candidate twice"
     for e in found:
-        assert (project / TASK / "versions" / e["version"] / "verdict.json").is_file()
+        assert (Task.load(project, task).versions / e["version"] / "verdict.json").is_file()
     (state,) = runs(project)
     assert state["attempts"] == iters and len(state["history"]) == iters
     subjects = subprocess.run(["git", "log", "--format=%s", f"runs/{state['run_id']}"], cwd=project,
@@ -82,6 +82,31 @@ def test_two_workers_record_every_attempt_once_in_batches_of_two(toy: Path):
         roundings = len(verdict["stages"]) * (2 if verdict.get("beside_others") else 1) + (
             4 if verdict.get("beside_others") else 3)
         assert e["eval_s"] <= e["batch_eval_s"] + 0.005 * roundings + 1e-9, (e, verdict["stages"])
+
+
+@pytest.mark.gpu
+def test_two_workers_pinned_to_one_gpu_record_every_attempt_with_their_timings_marked_shared(tmp_path: Path):
+    """The W4A16 task on this machine's one GPU, two workers pinned to it: every attempt recorded once, in batches of
+    two; each timing taken beside the other worker says so, and a keeper's, timed again alone, does not."""
+    project = make_project(tmp_path)
+    done = run_agent(project, "run", "--iters", "4", "--backend", "offline", "--panel", str(tmp_path / "panel.json"),
+                     "--gpus", "0", "--workers", "2", "--plain", timeout=900)
+    found = assert_one_record_per_attempt(project, 4, None)
+    assert [e["batch"] for e in found] == [[1, 2], [1, 2], [3, 4], [3, 4]]
+    assert "batch of 2: iterations 1-2 on GPU 0 (shared), GPU 0 (shared)" in done.stdout, done.stdout
+    for entry, row in zip(found, rows(project, None)):
+        verdict = entry["verdict"]
+        assert verdict["gpu_timing"] and entry["worker"]["gpu"] == "0", entry
+        alone = bool(verdict.get("evaluated_alone"))
+        assert entry["worker"]["shared"] is not alone, entry
+        if alone:  # kept on its timing alone; what it measured beside the other worker is kept beside it
+            assert entry["keep"] and verdict["beside_others"]["worker"]["shared"], verdict
+        assert ("[timed on a device shared with another worker]" in row) == (verdict["correct"] is not None
+                                                                             and not alone), row
+    assert sum(e["keep"] for e in found) <= 2, "at most one keeper a batch"
+    (state,) = runs(project)
+    report = (project / "reports" / state["run_id"] / "report.md").read_text()
+    assert "2 workers side by side" in report and "attempts per minute" in report, report[:2000]
 
 
 def test_a_batch_killed_after_its_first_record_resumes_without_losing_or_repeating_one(toy: Path):
@@ -192,6 +217,16 @@ def test_shared_is_said_only_of_slots_that_share_a_gpu_within_the_batch():
     assert [s.shared for s in batch.batch_slots(slots)] == [True, False, True]
 
 
+def test_cluster_workers_on_one_gpu_of_one_host_are_marked_shared_and_one_worker_running_two_is_not():
+    def verdict(host, gpu, address):
+        return {"worker": {"gpu": gpu, "host": host, "address": address, "shared": False}}
+
+    verdicts = [verdict("a", "0", "tcp://a:1"), verdict("a", "0", "tcp://a:2"), verdict("a", "1", "tcp://a:3"),
+                verdict("b", "0", "tcp://b:1"), verdict("b", "0", "tcp://b:1"), verdict(None, "", None)]
+    batch.mark_shared(verdicts)
+    assert [v["worker"]["shared"] for v in verdicts] == [True, True, False, False, False, False]
+
+
 @pytest.mark.parametrize("args, said", [
     (["--gpus", "0,x"], "--gpus 0,x: expected all or comma-separated CUDA device ids"),
     (["--gpus", ""], "expected all or comma-separated"),
@@ -237,7 +272,10 @@ def test_a_dask_cluster_evaluates_a_batch_and_a_failing_worker_costs_its_attempt
     assert done.returncode == 0, done.stderr
     found = assert_one_record_per_attempt(toy, 2)
     assert [e["batch"] for e in found] == [[1, 2], [1, 2]], "the cluster's two workers took one batch"
-    assert all(e["worker"]["host"] and not e["worker"]["shared"] for e in found), found
+    # the local cluster's two workers share this host's one device: where they took one job each, both say so
+    side_by_side = len({e["worker"]["address"] for e in found}) == 2
+    assert all(e["worker"]["host"] and e["worker"]["shared"] == side_by_side for e in found), found
+    assert all(("[timed on a device shared with another worker]" in r) == side_by_side for r in rows(toy))
     assert all(e["verdict"]["correct"] for e in found), "evaluated on the cluster's workers"
     # a task the worker's checkout lacks: its attempt fails with the worker's error, the other job is evaluated
     from agent.config import Task
