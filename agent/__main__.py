@@ -131,17 +131,14 @@ def start_point(task: Task, start: str) -> Path:
 def cluster_workers(address: str, cuda: bool) -> int:
     """How many workers the Dask cluster at ``address`` has, each checked to be of this host's kind (a GPU run's with
     a CUDA GPU and a GPU resource to claim, a CPU run's without a GPU); Refused otherwise."""
-    from agent.pool import connect, worker_facts
+    from agent.pool import connect, scheduler_workers, worker_facts
 
     try:
         client = connect(address)
     except ConnectionError as exc:
         raise Refused(str(exc)) from None
     try:
-        try:
-            workers = client.scheduler_info(n_workers=-1).get("workers", {})  # some versions list 5 by default
-        except TypeError:  # a version without the keyword lists them all
-            workers = client.scheduler_info().get("workers", {})
+        workers = scheduler_workers(client)
         if not workers:
             raise Refused(f"the Dask cluster at {address} has no workers yet: start them (one per GPU), then run")
         facts = client.run(worker_facts, on_error="return")

@@ -62,9 +62,10 @@ def step(run) -> None:
                      + ", ".join(worker_label(slot) for slot in slots))
     started = time.monotonic()
     verdicts = run.pool.evaluate(jobs, run.state.eval_limit_s, run.config.full_check, slots)
+    spans = [verdict.pop("worker_span", None) for verdict in verdicts]  # a cluster worker's [start, end]
     for verdict, slot in zip(verdicts, slots):
         verdict["worker"] = worker_of(verdict, slot)
-    mark_shared(verdicts)
+    mark_shared(verdicts, spans)
     jobs, lost = choose(run, jobs, verdicts, slots)
     eval_s = time.monotonic() - started  # the batch's evaluations side by side, and its keeper's evaluation alone
     for proposal, job, verdict in zip(proposals, jobs, verdicts):
@@ -88,19 +89,20 @@ def worker_of(verdict: dict, slot: Slot) -> dict:
             "address": verdict.pop("worker_address", None), "shared": slot.shared}
 
 
-def mark_shared(verdicts: list[dict]) -> None:
-    """Cluster workers that ran beside each other on one GPU (two worker addresses on the same host with the same
-    CUDA_VISIBLE_DEVICES, unset included) have shared timings too, which a cluster's slots cannot know before the
-    verdicts name their workers. One worker running two jobs ran them one after the other: not shared."""
-    places: dict[tuple, set] = {}
-    for verdict in verdicts:
-        worker = verdict["worker"]
-        if worker["host"]:
-            places.setdefault((worker["host"], worker["gpu"]), set()).add(worker["address"])
-    for verdict in verdicts:
-        worker = verdict["worker"]
-        if worker["host"] and len(places[(worker["host"], worker["gpu"])]) > 1:
-            worker["shared"] = True
+def mark_shared(verdicts: list[dict], spans: list[list[float] | None]) -> None:
+    """Cluster verdicts timed on one host's same GPU (CUDA_VISIBLE_DEVICES, unset read as device 0) while another ran
+    there are marked shared, as local slots are before they run: a cluster's slots cannot know where their jobs will
+    go. Two jobs one worker ran one after the other did not share. A job Dask moved to another worker after its first
+    one died reports only where it finished: what ran beside its first try goes unmarked."""
+    def place(verdict: dict) -> tuple:
+        return verdict["worker"]["host"], verdict["worker"]["gpu"] or "0"
+
+    for i, (verdict, span) in enumerate(zip(verdicts, spans)):
+        if span is None or not verdict["worker"]["host"]:
+            continue
+        verdict["worker"]["shared"] = verdict["worker"]["shared"] or any(
+            j != i and other is not None and verdicts[j]["worker"]["host"] and place(verdicts[j]) == place(verdict)
+            and span[0] < other[1] and other[0] < span[1] for j, other in enumerate(spans))
 
 
 def seconds(verdict: dict) -> float:

@@ -9,7 +9,10 @@ runs from); start one worker per GPU, pinned, with a resource of one GPU:
 
 Either way a worker that raises, dies or gives no verdict in time costs its attempt (a failed ``worker`` stage, then
 recorded like any attempt), never the run; a cluster left with no worker stops the run (EndpointUnavailable: resumable
-once it is back), where it would otherwise spend every remaining attempt on failures.
+once it is back), where it would otherwise spend every remaining attempt on failures. Each cluster job is pinned to
+one live worker, and the agent watches that worker while it waits: one that leaves the cluster costs its job at
+once, where Dask would move the job to another worker (behind that worker's own job, which then timed beside the
+lost one).
 
 Why Dask rather than Ray: the GPU machines install from carried wheels; dask and distributed with everything they
 need are 5.4 MB of wheels, Ray's own wheel alone 79 MB (ray 2.60, CPython 3.11, x86-64 Linux). Dask's scheduler
@@ -33,6 +36,9 @@ from agent import ledger, runner
 from agent.config import Task
 from agent.evaluate import Evaluator, Stage
 from agent.exceptions import EndpointUnavailable
+
+POLL_S = 2.0
+"""How often the agent asks whether a cluster job's worker is still there while it waits for the verdict."""
 
 GRACE_S = 60.0
 """A worker's verdict may take its stages' limits plus this (start-up, the stages' own overheads) before the worker
@@ -148,6 +154,7 @@ def _write(directory: Path, files: dict[str, bytes]) -> Path:
 def remote_evaluate(payload: dict) -> dict:
     """On a cluster worker: the job's evaluation by the evaluator of the worker's own checkout, in a temporary
     folder; the verdict and the evaluator's JSON reports come back."""
+    started = time.time()  # the worker host's clock: spans of one host compare (batch.mark_shared)
     root = Path(os.environ.get("KLOOP_ROOT") or payload["root"])
     folder = root / payload["task"]  # the task's folder relative to the checkout, or a name under tasks/
     task = Task.load(root, str(folder) if (folder / "task.json").is_file() else payload["task"])
@@ -167,7 +174,8 @@ def remote_evaluate(payload: dict) -> dict:
     from distributed import get_worker
 
     return {"verdict": verdict | {"panel": payload["panel"]}, "reports": reports, "host": socket.gethostname(),
-            "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", ""), "address": get_worker().address}
+            "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", ""), "address": get_worker().address,
+            "span": [started, time.time()]}
 
 
 def worker_facts() -> dict:
@@ -192,23 +200,31 @@ class DaskPool(LocalPool):
                 "best_is_baseline": job.best_is_baseline, "full_check": full_check, "best_score": job.best_score,
                 "best_check": job.best_check}
 
-    def _gather(self, job: Job, future, started: float, wait: float) -> dict:
+    def _gather(self, job: Job, future, worker: str, started: float, wait: float) -> dict:
         """The worker's verdict (its reports written into the job's evaluation folder), or a failed one with the
-        future cancelled: a timeout, a worker that died (KilledWorker), an error raised in the task."""
+        future cancelled: no verdict in time, the worker gone from the cluster, an error raised in the task."""
+        while not future.done():
+            if time.monotonic() > started + wait:
+                why = f"no verdict within {wait:.0f} s"
+            elif worker not in self.live_workers():
+                why = f"{worker} left the cluster (it died or was stopped) during the evaluation"
+            else:
+                time.sleep(POLL_S)
+                continue
+            self._stop(job, future)
+            return failed_verdict(self.panel, self.cuda, why, time.monotonic() - started)
         try:
-            result = future.result(timeout=max(0.1, started + wait - time.monotonic()))
+            result = future.result()
         except Exception as exc:
             self._stop(job, future)
-            timed_out = "timeout" in type(exc).__name__.lower()
-            why = (f"no verdict within {wait:.0f} s" if timed_out
-                   else f"the worker failed: {type(exc).__name__}: {exc}")
-            return failed_verdict(self.panel, self.cuda, why, time.monotonic() - started)
+            return failed_verdict(self.panel, self.cuda, f"the worker failed: {type(exc).__name__}: {exc}",
+                                  time.monotonic() - started)
         folder = self.attempts / job.name
         folder.mkdir(parents=True, exist_ok=True)
         for name, text in result["reports"].items():
             (folder / Path(name).name).write_text(text)
         return result["verdict"] | {"worker_host": result["host"], "worker_gpu": result["gpu"],
-                                    "worker_address": result["address"]}
+                                    "worker_address": result["address"], "worker_span": result["span"]}
 
     def _stop(self, job: Job, future) -> None:
         """Cancel a job and kill its evaluation where a worker still runs it (a cancel alone stops no running task)."""
@@ -223,14 +239,20 @@ class DaskPool(LocalPool):
         return self._run(jobs, limit_s, full_check, None)
 
     def _run(self, jobs: list[Job], limit_s: float | None, full_check: bool, worker: str | None) -> list[dict]:
+        """The jobs' verdicts, each job pinned to one live worker (``worker`` if given; else one each, in turn, where
+        the batch has more jobs than the cluster has workers left: those run one after another)."""
         started, wait = time.monotonic(), self.wait_s(limit_s)
+        live = sorted(self.live_workers())
+        if not live:
+            self.check()  # raises: no worker left
+        targets = [worker] * len(jobs) if worker else [live[i % len(live)] for i in range(len(jobs))]
         placed = {"resources": {"GPU": 1}} if self.cuda else {}
-        if worker:
-            placed["workers"] = [worker]
-        futures = [self.client.submit(remote_evaluate, self._payload(job, limit_s, full_check), pure=False, **placed)
-                   for job in jobs]
+        futures = [self.client.submit(remote_evaluate, self._payload(job, limit_s, full_check), pure=False,
+                                      workers=[target], allow_other_workers=False, **placed)
+                   for job, target in zip(jobs, targets)]
         try:
-            verdicts = [self._gather(job, future, started, wait) for job, future in zip(jobs, futures)]
+            verdicts = [self._gather(job, future, target, started, wait)
+                        for job, future, target in zip(jobs, futures, targets)]
         except BaseException:  # Ctrl-C twice: no evaluation left running on the cluster
             for job, future in zip(jobs, futures):
                 self._stop(job, future)
@@ -243,17 +265,31 @@ class DaskPool(LocalPool):
                        worker: dict | None = None) -> dict:
         return self._run([job], limit_s, full_check, (worker or {}).get("address"))[0]
 
-    def check(self) -> None:
+    def live_workers(self) -> set[str]:
+        """The addresses of the cluster's workers now (a GPU run's: those with a GPU resource); none where the
+        scheduler is gone."""
         try:
-            workers = self.client.scheduler_info().get("workers", {}) if self.client.status == "running" else {}
+            workers = scheduler_workers(self.client) if self.client.status == "running" else {}
         except Exception:  # a scheduler that is gone
-            workers = {}
-        if not workers:
+            return set()
+        return {address for address, info in workers.items()
+                if not self.cuda or (info.get("resources") or {}).get("GPU")}
+
+    def check(self) -> None:
+        if not self.live_workers():
             raise EndpointUnavailable(f"the Dask cluster at {self.address} has no workers (or no scheduler) left: "
                                       "the run stops here, resumable once the cluster is back")
 
     def close(self) -> None:
         self.client.close()
+
+
+def scheduler_workers(client) -> dict[str, dict]:
+    """Every worker the scheduler knows, by address (some versions of distributed list 5 unless asked for all)."""
+    try:
+        return client.scheduler_info(n_workers=-1).get("workers", {})
+    except TypeError:  # a version without the keyword lists them all
+        return client.scheduler_info().get("workers", {})
 
 
 def connect(address: str):

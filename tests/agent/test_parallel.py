@@ -217,14 +217,17 @@ def test_shared_is_said_only_of_slots_that_share_a_gpu_within_the_batch():
     assert [s.shared for s in batch.batch_slots(slots)] == [True, False, True]
 
 
-def test_cluster_workers_on_one_gpu_of_one_host_are_marked_shared_and_one_worker_running_two_is_not():
-    def verdict(host, gpu, address):
-        return {"worker": {"gpu": gpu, "host": host, "address": address, "shared": False}}
+def test_cluster_jobs_that_ran_at_once_on_one_gpu_of_one_host_are_marked_shared_and_no_others():
+    def verdict(host, gpu):
+        return {"worker": {"gpu": gpu, "host": host, "address": None, "shared": False}}
 
-    verdicts = [verdict("a", "0", "tcp://a:1"), verdict("a", "0", "tcp://a:2"), verdict("a", "1", "tcp://a:3"),
-                verdict("b", "0", "tcp://b:1"), verdict("b", "0", "tcp://b:1"), verdict(None, "", None)]
-    batch.mark_shared(verdicts)
-    assert [v["worker"]["shared"] for v in verdicts] == [True, True, False, False, False, False]
+    verdicts = [verdict("a", "0"), verdict("a", ""), verdict("a", "1"), verdict("b", "0"), verdict("b", "0"),
+                verdict(None, ""), verdict("a", "0")]
+    # a: two at once on device 0 (one with CUDA_VISIBLE_DEVICES unset), one alone on device 1; b: one job after the
+    # other (one worker, or a second that started once the first had ended); a worker that failed reports no span
+    spans = [[0, 10], [5, 15], [0, 10], [0, 10], [10, 20], None, [20, 30]]
+    batch.mark_shared(verdicts, spans)
+    assert [v["worker"]["shared"] for v in verdicts] == [True, True, False, False, False, False, False]
 
 
 @pytest.mark.parametrize("args, said", [
@@ -272,10 +275,10 @@ def test_a_dask_cluster_evaluates_a_batch_and_a_failing_worker_costs_its_attempt
     assert done.returncode == 0, done.stderr
     found = assert_one_record_per_attempt(toy, 2)
     assert [e["batch"] for e in found] == [[1, 2], [1, 2]], "the cluster's two workers took one batch"
-    # the local cluster's two workers share this host's one device: where they took one job each, both say so
-    side_by_side = len({e["worker"]["address"] for e in found}) == 2
-    assert all(e["worker"]["host"] and e["worker"]["shared"] == side_by_side for e in found), found
-    assert all(("[timed on a device shared with another worker]" in r) == side_by_side for r in rows(toy))
+    # one job pinned to each worker, side by side on this host's one device: both say their timings were shared
+    assert len({e["worker"]["address"] for e in found}) == 2, found
+    assert all(e["worker"]["host"] and e["worker"]["shared"] for e in found), found
+    assert all("[timed on a device shared with another worker]" in r for r in rows(toy)), rows(toy)
     assert all(e["verdict"]["correct"] for e in found), "evaluated on the cluster's workers"
     # a task the worker's checkout lacks: its attempt fails with the worker's error, the other job is evaluated
     from agent.config import Task
@@ -295,6 +298,35 @@ def test_a_dask_cluster_evaluates_a_batch_and_a_failing_worker_costs_its_attempt
     assert good["correct"] and good["worker_host"]
     assert bad["failed_stage"] == "worker" and "TaskError: no task 'no-such-task'" in bad["stages"][0]["note"]
     assert (toy.parent / "attempts" / "good" / "selfcheck.json").is_file(), "the worker's reports came back"
+
+
+def test_a_cluster_worker_that_dies_mid_evaluation_costs_its_job_at_once_and_the_other_goes_on(toy: Path, cluster):
+    """Dask would move a dead worker's job to the other worker, behind that one's own job; pinned, the job fails as
+    soon as its worker is gone, not when its evaluation would have ended."""
+    import os
+    import signal
+    import threading
+    workers = pool.DaskPool(Task.load(toy, TASK), "smoke", False, toy.parent / "attempts", [pool.Slot("", False)] * 2,
+                            cluster.scheduler_address)
+    best, slow = toy / TASK / "main", toy.parent / "slow"
+    shutil.copytree(best, slow)
+    # minutes of pure Python when the evaluator imports it (the source policy refuses sleeps)
+    (slow / "solution.py").write_text((best / "solution.py").read_text() + "\nSPUN = sum(1 for _ in range(10**10))\n")
+    jobs = [pool.Job(1, "good", best, best, True, None, None), pool.Job(2, "slow", slow, best, True, None, None)]
+    pids = workers.client.run(os.getpid)
+    doomed = sorted(workers.live_workers())[1]  # the second job's worker: jobs are pinned in that order
+    killer = threading.Timer(5.0, os.kill, (pids[doomed], signal.SIGKILL))
+    started = time.monotonic()
+    killer.start()
+    try:
+        good, lost = workers.evaluate(jobs, None, False)
+    finally:
+        killer.cancel()
+        workers.close()
+    assert good["correct"] and good["worker_address"] != doomed
+    assert lost["failed_stage"] == "worker", lost
+    assert f"{doomed} left the cluster (it died or was stopped)" in lost["stages"][0]["note"], lost
+    assert time.monotonic() - started < 150, "the lost job was waited for until its evaluation's end"
 
 
 class Forcing(pool.LocalPool):
