@@ -3,11 +3,12 @@ each: agent/pool.py), then recorded in order exactly as a plain run records one 
 commit), keeping at most one.
 
 Each verdict compares its candidate with the best timed in the same process on its worker's GPU, so a ratio never
-mixes GPUs. Of the batch's would-be keepers the one with the largest ratio is evaluated again, whole, alone (no other
-worker running) on its worker's GPU, and kept only if that verdict keeps it: its selfcheck, its comparison with the
-best and its qualification are then the run's reference, as a plain run's are. The others are reverted, and their
-rows say which attempt was faster. Timings taken beside another worker on the same GPU are marked shared in the
-verdict, the index line and the row's decision.
+mixes GPUs. Of the batch's would-be keepers, and of the candidates timed faster than the best beside another worker on
+their GPU but refused (that timing's noise refutes nothing), the one with the largest ratio is evaluated again, whole,
+alone (no other worker running) on its worker's GPU, and kept only if that verdict keeps it: its selfcheck, its
+comparison with the best and its qualification are then the run's reference, as a plain run's are. The others are
+reverted, and their rows say which attempt was faster. Timings taken beside another worker on the same GPU are marked
+shared in the verdict, the index line and the row's decision.
 
 A kill at any instant loses nothing recorded: a recorded member is finished by ``Run.recover``; an unrecorded one is
 proposed again.
@@ -168,9 +169,10 @@ def choose(run, jobs: list[Job], verdicts: list[dict], slots: list[Slot]) -> tup
     cluster's loss (EndpointUnavailable) if it happened during that evaluation, for the caller to raise once the batch
     is recorded."""
     keepers = [i for i, verdict in enumerate(verdicts) if verdict["keep"]]
-    if not keepers:
+    hopeful = [i for i, verdict in enumerate(verdicts) if not verdict["keep"] and refuted_by_sharing(verdict)]
+    if not keepers and not hopeful:
         return jobs, None
-    winner = max(keepers, key=lambda i: verdicts[i]["speedup_over_best"] or 0.0)
+    winner = max(keepers + hopeful, key=lambda i: verdicts[i]["speedup_over_best"] or 0.0)
     top, lost, chosen = verdicts[winner], None, jobs
     for i in keepers:
         verdicts[i]["keep"] = i == winner
@@ -199,6 +201,13 @@ def choose(run, jobs: list[Job], verdicts: list[dict], slots: list[Slot]) -> tup
                                          f"{verdicts[i]['speedup_over_best']:.3f}x)"
                                          + ("" if kept else ", then not kept alone; this one was not tried alone"))
     return chosen, lost
+
+
+def refuted_by_sharing(verdict: dict) -> bool:
+    """A valid candidate timed on a GPU faster than the best beside another worker there, yet not kept: the shared
+    timing's noise (or its stability probe) may be all that refused it, so it is worth an evaluation alone."""
+    return bool((verdict.get("worker") or {}).get("shared")) and bool(verdict.get("valid")) \
+        and bool(verdict.get("gpu_timing")) and (verdict.get("speedup_over_best") or 0.0) > 1.0
 
 
 def summary_of(verdict: dict) -> dict:

@@ -210,6 +210,29 @@ def test_a_batch_keeps_its_fastest_keeper_only_once_evaluated_again_alone(alone_
         assert decision(verdicts[1]).startswith("revert (batch: evaluated again alone: revert (1.005x best")
 
 
+def test_a_candidate_refused_only_on_a_shared_timing_is_evaluated_again_alone(tmp_path):
+    """Beside another worker on one GPU a faster candidate's noise can exceed its gain: the fastest such one is timed
+    again alone, and kept if that keeps it; one timed alone, or slower, is not asked again."""
+    asked = []
+
+    def evaluate_alone(job, slot, limit, full_check, worker):
+        asked.append(job.iteration)
+        return verdict(1.30, True)
+
+    run = types.SimpleNamespace(state=types.SimpleNamespace(eval_limit_s=None), config=types.SimpleNamespace(
+        full_check=False), pool=types.SimpleNamespace(evaluate_alone=evaluate_alone))
+    jobs = [pool.Job(i, f"00{i}-x", tmp_path, tmp_path, False, 1.2, None) for i in (1, 2, 3, 4)]
+    verdicts = [verdict(1.37, False) | {"noise": 0.41}, verdict(1.20, False) | {"noise": 0.30},
+                verdict(1.50, False), verdict(0.90, False)]
+    for found, shared in zip(verdicts, (True, True, False, True)):
+        found["worker"] = {"gpu": "0", "host": None, "address": None, "shared": shared}
+    chosen, lost = batch.choose(run, jobs, verdicts, [pool.Slot("0", True)] * 4)
+    assert asked == [1], "the fastest refused on a shared timing; not the one timed alone (3) nor the slower (4)"
+    assert verdicts[0]["keep"] and verdicts[0]["evaluated_alone"] and verdicts[0]["beside_others"]["noise"] == 0.41
+    assert not any(v["keep"] for v in verdicts[1:]) and [j.name for j in chosen][0] == "001-x-alone"
+    assert "batch_note" not in verdicts[1], "a refused member keeps its own decision"
+
+
 def test_shared_is_said_only_of_slots_that_share_a_gpu_within_the_batch():
     slots = pool.make_slots(["0", "1", "0"])
     assert [s.shared for s in slots] == [True, False, True]
