@@ -22,7 +22,7 @@ from pathlib import Path
 
 from agent import ledger
 from agent.exceptions import EndpointUnavailable, LimitsExceeded
-from agent.loop import Attempt, decision, eval_name
+from agent.loop import Attempt, decision, eval_name, verdict_decision
 from agent.pool import Job, Slot
 from agent.proposers import Usage
 from agent.workspace import replace_solution
@@ -93,8 +93,8 @@ def worker_of(verdict: dict, slot: Slot) -> dict:
 def mark_shared(verdicts: list[dict], spans: list[list[float] | None]) -> None:
     """Cluster verdicts timed on one host's same GPU (CUDA_VISIBLE_DEVICES, unset read as device 0) while another ran
     there are marked shared, as local slots are before they run: a cluster's slots cannot know where their jobs will
-    go. Two jobs one worker ran one after the other did not share. A job Dask moved to another worker after its first
-    one died reports only where it finished: what ran beside its first try goes unmarked."""
+    go. Two jobs one worker ran one after the other did not share. A job whose worker failed reports no span, so
+    the one that ran beside it goes unmarked."""
     def place(verdict: dict) -> tuple:
         return verdict["worker"]["host"], verdict["worker"]["gpu"] or "0"
 
@@ -169,10 +169,11 @@ def choose(run, jobs: list[Job], verdicts: list[dict], slots: list[Slot]) -> tup
     cluster's loss (EndpointUnavailable) if it happened during that evaluation, for the caller to raise once the batch
     is recorded."""
     keepers = [i for i, verdict in enumerate(verdicts) if verdict["keep"]]
-    hopeful = [i for i, verdict in enumerate(verdicts) if not verdict["keep"] and refuted_by_sharing(verdict)]
+    # where none would be kept, the fastest refused beside another worker on its GPU is tried alone
+    hopeful = [] if keepers else [i for i, verdict in enumerate(verdicts) if refuted_by_sharing(verdict)]
     if not keepers and not hopeful:
         return jobs, None
-    winner = max(keepers + hopeful, key=lambda i: verdicts[i]["speedup_over_best"] or 0.0)
+    winner = max(keepers or hopeful, key=lambda i: verdicts[i]["speedup_over_best"] or 0.0)
     top, lost, chosen = verdicts[winner], None, jobs
     for i in keepers:
         verdicts[i]["keep"] = i == winner
@@ -184,12 +185,14 @@ def choose(run, jobs: list[Job], verdicts: list[dict], slots: list[Slot]) -> tup
         except EndpointUnavailable as exc:
             alone, lost = None, exc
         if alone is not None and alone["keep"]:
+            alone.pop("worker_span", None)
             alone["worker"] = worker_of(alone, replace(slots[winner], shared=False))
             verdicts[winner] = alone | {"evaluated_alone": True, "beside_others": summary_of(top)}
             chosen = [alone_job if i == winner else job for i, job in enumerate(jobs)]
         else:
             why = decision(alone) if alone is not None else f"lost: {lost}"
-            top["keep"], top["batch_note"] = False, f"evaluated again alone: {why}"
+            refused = "" if top["keep"] else f"{verdict_decision(top)} beside another worker; "
+            top["keep"], top["batch_note"] = False, f"{refused}evaluated again alone: {why}"
             top["stages"].append({"name": "alone", "ok": bool(alone and alone["valid"]), "returncode": None,
                                   "seconds": seconds(alone) if alone else 0.0, "note": top["batch_note"],
                                   "output": ""})
@@ -205,7 +208,8 @@ def choose(run, jobs: list[Job], verdicts: list[dict], slots: list[Slot]) -> tup
 
 def refuted_by_sharing(verdict: dict) -> bool:
     """A valid candidate timed on a GPU faster than the best beside another worker there, yet not kept: the shared
-    timing's noise (or its stability probe) may be all that refused it, so it is worth an evaluation alone."""
+    timing's noise (or its stability probe) may be all that refused it, so it is worth an evaluation alone (shared
+    noise reached 0.41 on an H100: reports/examples/parallel-one-gpu)."""
     return bool((verdict.get("worker") or {}).get("shared")) and bool(verdict.get("valid")) \
         and bool(verdict.get("gpu_timing")) and (verdict.get("speedup_over_best") or 0.0) > 1.0
 

@@ -12,12 +12,12 @@ recorded like any attempt), never the run; a cluster left with no worker stops t
 once it is back), where it would otherwise spend every remaining attempt on failures. Each cluster job is pinned to
 one live worker, and the agent watches that worker while it waits: one that leaves the cluster costs its job at
 once, where Dask would move the job to another worker (behind that worker's own job, which then timed beside the
-lost one).
+lost one; on an H100 a run made no progress for minutes after a worker died: reports/examples/parallel-one-gpu).
 
 Why Dask rather than Ray: the GPU machines install from carried wheels; dask and distributed with everything they
 need are 5.4 MB of wheels, Ray's own wheel alone 79 MB (ray 2.60, CPython 3.11, x86-64 Linux). Dask's scheduler
-gives what the loop needs and no more: submit a function with a resource (GPU=1), wait on its result with a
-timeout, hear of a worker's death as an error.
+gives what the loop needs and no more: submit a function pinned to a worker with a resource (GPU=1), and list the
+workers still there.
 """
 from __future__ import annotations
 
@@ -202,19 +202,20 @@ class DaskPool(LocalPool):
 
     def _gather(self, job: Job, future, worker: str, started: float, wait: float) -> dict:
         """The worker's verdict (its reports written into the job's evaluation folder), or a failed one with the
-        future cancelled: no verdict in time, the worker gone from the cluster, an error raised in the task."""
+        future cancelled: no verdict by ``started + wait``, the worker gone from the cluster, an error raised in the
+        task."""
         while not future.done():
             if time.monotonic() > started + wait:
                 why = f"no verdict within {wait:.0f} s"
             elif worker not in self.live_workers():
-                why = f"{worker} left the cluster (it died or was stopped) during the evaluation"
+                why = f"{worker} is no longer in the cluster (it died or was stopped)"
             else:
                 time.sleep(POLL_S)
                 continue
             self._stop(job, future)
             return failed_verdict(self.panel, self.cuda, why, time.monotonic() - started)
-        try:
-            result = future.result()
+        try:  # done: the fetch is quick, unless the worker holding the result died meanwhile (never run again)
+            result = future.result(timeout=GRACE_S)
         except Exception as exc:
             self._stop(job, future)
             return failed_verdict(self.panel, self.cuda, f"the worker failed: {type(exc).__name__}: {exc}",
@@ -244,15 +245,17 @@ class DaskPool(LocalPool):
         started, wait = time.monotonic(), self.wait_s(limit_s)
         live = sorted(self.live_workers())
         if not live:
-            self.check()  # raises: no worker left
+            raise self.gone()
         targets = [worker] * len(jobs) if worker else [live[i % len(live)] for i in range(len(jobs))]
+        # a worker runs its jobs one after another: the k-th may take k limits from the batch's start
+        waits = [wait * targets[:i + 1].count(target) for i, target in enumerate(targets)]
         placed = {"resources": {"GPU": 1}} if self.cuda else {}
         futures = [self.client.submit(remote_evaluate, self._payload(job, limit_s, full_check), pure=False,
                                       workers=[target], allow_other_workers=False, **placed)
                    for job, target in zip(jobs, targets)]
         try:
-            verdicts = [self._gather(job, future, target, started, wait)
-                        for job, future, target in zip(jobs, futures, targets)]
+            verdicts = [self._gather(job, future, target, started, limit)
+                        for job, future, target, limit in zip(jobs, futures, targets, waits)]
         except BaseException:  # Ctrl-C twice: no evaluation left running on the cluster
             for job, future in zip(jobs, futures):
                 self._stop(job, future)
@@ -275,10 +278,13 @@ class DaskPool(LocalPool):
         return {address for address, info in workers.items()
                 if not self.cuda or (info.get("resources") or {}).get("GPU")}
 
+    def gone(self) -> EndpointUnavailable:
+        return EndpointUnavailable(f"the Dask cluster at {self.address} has no workers (or no scheduler) left: the "
+                                   "run stops here, resumable once the cluster is back")
+
     def check(self) -> None:
         if not self.live_workers():
-            raise EndpointUnavailable(f"the Dask cluster at {self.address} has no workers (or no scheduler) left: "
-                                      "the run stops here, resumable once the cluster is back")
+            raise self.gone()
 
     def close(self) -> None:
         self.client.close()

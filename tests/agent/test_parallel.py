@@ -232,6 +232,23 @@ def test_a_candidate_refused_only_on_a_shared_timing_is_evaluated_again_alone(tm
     assert not any(v["keep"] for v in verdicts[1:]) and [j.name for j in chosen][0] == "001-x-alone"
     assert "batch_note" not in verdicts[1], "a refused member keeps its own decision"
 
+    # a batch with a keeper tries that one alone, however fast a refused member looked; a refused one that is not
+    # kept alone either says both
+    asked.clear()
+    verdicts = [verdict(1.37, False) | {"noise": 0.41}, verdict(1.10, True)]
+    for found in verdicts:
+        found["worker"] = {"gpu": "0", "host": None, "address": None, "shared": True}
+    batch.choose(run, jobs[:2], verdicts, [pool.Slot("0", True)] * 2)
+    assert asked == [2]
+    verdicts = [verdict(1.37, False) | {"noise": 0.41}, verdict(0.9, False)]
+    for found in verdicts:
+        found["worker"] = {"gpu": "0", "host": None, "address": None, "shared": True}
+    run.pool.evaluate_alone = lambda *args: verdict(1.01, False)
+    batch.choose(run, jobs[:2], verdicts, [pool.Slot("0", True)] * 2)
+    from agent.loop import decision
+    assert decision(verdicts[0]).startswith("revert (batch: revert (1.370x best, noise 0.410) beside another worker; "
+                                            "evaluated again alone: revert (1.010x best"), decision(verdicts[0])
+
 
 def test_shared_is_said_only_of_slots_that_share_a_gpu_within_the_batch():
     slots = pool.make_slots(["0", "1", "0"])
@@ -348,7 +365,7 @@ def test_a_cluster_worker_that_dies_mid_evaluation_costs_its_job_at_once_and_the
         workers.close()
     assert good["correct"] and good["worker_address"] != doomed
     assert lost["failed_stage"] == "worker", lost
-    assert f"{doomed} left the cluster (it died or was stopped)" in lost["stages"][0]["note"], lost
+    assert f"{doomed} is no longer in the cluster (it died or was stopped)" in lost["stages"][0]["note"], lost
     assert time.monotonic() - started < 150, "the lost job was waited for until its evaluation's end"
 
 
