@@ -3,12 +3,12 @@ each: agent/pool.py), then recorded in order exactly as a plain run records one 
 commit), keeping at most one.
 
 Each verdict compares its candidate with the best timed in the same process on its worker's GPU, so a ratio never
-mixes GPUs. Of the batch's would-be keepers, and of the candidates timed faster than the best beside another worker on
-their GPU but refused (that timing's noise refutes nothing), the one with the largest ratio is evaluated again, whole,
-alone (no other worker running) on its worker's GPU, and kept only if that verdict keeps it: its selfcheck, its
-comparison with the best and its qualification are then the run's reference, as a plain run's are. The others are
-reverted, and their rows say which attempt was faster. Timings taken beside another worker on the same GPU are marked
-shared in the verdict, the index line and the row's decision.
+mixes GPUs. Of the batch's would-be keepers (where there is none: of the candidates timed faster than the best beside
+another worker on their GPU yet refused, since that timing's noise refutes nothing) the one with the largest ratio is
+evaluated again, whole, alone (no other worker running) on its worker's GPU, and kept only if that verdict keeps it:
+its selfcheck, its comparison with the best and its qualification are then the run's reference, as a plain run's are.
+The others are reverted, and their rows say which attempt was faster. Timings taken beside another worker on the same
+GPU are marked shared in the verdict, the index line and the row's decision.
 
 A kill at any instant loses nothing recorded: a recorded member is finished by ``Run.recover``; an unrecorded one is
 proposed again.
